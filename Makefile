@@ -1,0 +1,33 @@
+# The README's two commands: `make repro` and `make test`. Both create .venv on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+RUN    ?= runs/tiny-cpu
+export RAY_AUTH_MODE ?= disabled
+export RAY_USAGE_STATS_ENABLED ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install repro test lab figures clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+repro: $(STAMP)
+	$(PY) -m repro repro --recipe tiny-cpu --run-dir $(RUN)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lab: $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "repro (.venv)"
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 notebooks/
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,44 @@
+"""`repro` command line. Each sub-command lives in its own module, imported only when it is called.
+
+A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Modules are imported lazily so `repro --help` stays fast.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "recipe": ("repro.commands.recipe", "validate a recipe and print it resolved"),
+    "data": ("repro.commands.data", "write the tiny-math train/held-out sets in the DAPO parquet layout"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="repro", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        _parser().parse_args(argv or ["--help"])
+        return 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"repro {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except ReproError as err:
+        print(f"repro {name}: error: {err}", file=sys.stderr)
+        return 1
+
+
+from repro.errors import ReproError  # noqa: E402  (kept below main to show the dispatch first)

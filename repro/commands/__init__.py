@@ -1,0 +1,1 @@
+"""One module per `repro` sub-command (see repro/cli.py)."""

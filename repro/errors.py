@@ -1,0 +1,13 @@
+"""Errors a user can act on. Each message names the file, field or tensor at fault."""
+
+
+class ReproError(Exception):
+    """Base for errors that the CLI prints as one line instead of a traceback."""
+
+
+class RecipeError(ReproError, ValueError):
+    """A recipe field is missing, unknown, of the wrong type, or inconsistent with another field."""
+
+
+class DataError(ReproError, ValueError):
+    """A dataset file or row is malformed."""
