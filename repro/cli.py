@@ -13,6 +13,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "recipe": ("repro.commands.recipe", "validate a recipe and print it resolved"),
     "data": ("repro.commands.data", "write the tiny-math train/held-out sets in the DAPO parquet layout"),
+    "build-tiny": ("repro.commands.build_tiny", "build the tiny DeepSeek-V4 checkpoint + tokenizer (random init, seeded)"),
+    "warmstart": ("repro.commands.warmstart", "SFT warm start of the tiny DeepSeek-V4 on tiny-math"),
+    "convert": ("repro.commands.convert", "convert a BF16 HF checkpoint to block-wise FP8 (e4m3fn / e4m3fnuz)"),
 }
 
 
