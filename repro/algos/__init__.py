@@ -1,0 +1,41 @@
+"""Algorithm math of the GRPO run as pure tensor functions (torch only, no Ray/vLLM/Megatron).
+
+advantages          GRPO / Dr.GRPO group advantages                      (Shao et al. 2024; Liu et al. 2025)
+policy_loss         PPO-clip with clip-higher and dual-clip; agg_loss    (Schulman 2017; Yu et al. 2025; Ye 2020)
+rollout_correction  decoupled truncated / masked importance weights      (Yao et al. 2025)
+metrics             rollout_corr/* mismatch metrics, verl's keys
+logits              log-probs and entropy under the sampling temperature
+"""
+
+from repro.algos._checks import AlgoShapeError
+from repro.algos.advantages import GroupAdvantages, broadcast_to_tokens, grpo_advantages
+from repro.algos.logits import entropy_from_logits, logprobs_from_logits
+from repro.algos.metrics import rollout_corr_metrics
+from repro.algos.policy_loss import LOSS_AGG_MODES, LossAggMode, PolicyLoss, agg_loss, ppo_clip_loss
+from repro.algos.rollout_correction import (
+    ROLLOUT_IS_MODES,
+    SAFETY_BOUND,
+    RolloutISMode,
+    RolloutWeights,
+    rollout_is_weights,
+)
+
+__all__ = [
+    "AlgoShapeError",
+    "GroupAdvantages",
+    "LOSS_AGG_MODES",
+    "LossAggMode",
+    "PolicyLoss",
+    "ROLLOUT_IS_MODES",
+    "RolloutISMode",
+    "RolloutWeights",
+    "SAFETY_BOUND",
+    "agg_loss",
+    "broadcast_to_tokens",
+    "entropy_from_logits",
+    "grpo_advantages",
+    "logprobs_from_logits",
+    "ppo_clip_loss",
+    "rollout_corr_metrics",
+    "rollout_is_weights",
+]
