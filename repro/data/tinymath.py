@@ -82,7 +82,10 @@ def held_out_problems(digits: int = 2, n: int = HELD_OUT_SIZE) -> list[Arithmeti
     hard = [p for p in all_problems(digits) if p.needs_carry_or_borrow]
     adds = [p for p in hard if p.op == "+"]
     subs = [p for p in hard if p.op == "-"]
-    return rng.sample(adds, n - n // 2) + rng.sample(subs, n // 2)
+    n_subs = min(n // 2, len(subs))  # 1-digit subtraction never borrows: then all come from addition
+    if len(adds) < n - n_subs:
+        raise ValueError(f"only {len(adds) + len(subs)} carry/borrow problems at digits={digits}, need {n}")
+    return rng.sample(adds, n - n_subs) + rng.sample(subs, n_subs)
 
 
 def train_problems(digits: int = 2, n: int | None = None, seed: int = 0) -> list[Arithmetic]:

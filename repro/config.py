@@ -1,0 +1,185 @@
+"""The recipe schema: one typed tree, a help line on every field, defaults equal to AMD's published run.
+
+Every field's default is the value of the run being reproduced (AMD, DeepSeek-V4-Flash on 24 MI308X,
+2026-08-17..21; LumenRL `examples/GRPO/configs/grpo_dsv4_flash_vllm_longrun.yaml`), so a recipe file only
+states where it departs. Validation is strict: an unknown key, a wrong type (``"8"`` for an int, ``1e-6``
+that YAML reads as a string) or a layout that does not multiply out is an error naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class ClusterConfig(Section):
+    num_nodes: int = Field(3, ge=1, description="Ray nodes the run spans (AMD: 3 servers).")
+    gpus_per_node: int = Field(8, ge=0, description="Accelerators per node; 0 means CPU mode (the tiny recipe).")
+    accelerator: Literal["rocm", "cuda", "cpu"] = Field("rocm", description="Accelerator the recipe expects (AMD: ROCm 7.2, MI308X gfx942).")
+    ray_address: str | None = Field("auto", description="Ray cluster to join; 'auto' finds a running one, null starts a local instance.")
+
+
+class ModelConfig(Section):
+    name: str = Field("RedHatAI/DeepSeek-V4-Flash-BF16", description="Hub id of the BF16 weights, for the record: nothing is downloaded at run time.")
+    path: str = Field("/dev/shm/models/DeepSeek-V4-Flash-BF16", description="Local HF-layout BF16 checkpoint folder; 'builtin:tiny-dsv4-warm' is the shipped tiny model.")
+    num_parameters: int = Field(284_000_000_000, ge=1, description="Total parameters, used to size checkpoints and offloaded optimizer state.")
+    num_active_parameters: int = Field(13_000_000_000, ge=1, description="Parameters active per token (MoE), for FLOP estimates.")
+    num_routed_experts: int = Field(256, ge=1, description="Routed experts per MoE layer; expert parallelism must divide it.")
+    num_experts_per_tok: int = Field(6, ge=1, description="Experts each token is routed to (top-k).")
+
+
+class ActorConfig(Section):
+    backend: Literal["megatron", "embedded"] = Field("megatron", description="Trainer backend: Megatron-core on a cluster, the embedded torch trainer on CPU.")
+    num_workers: int = Field(16, ge=1, description="Trainer processes (one per GPU on a cluster).")
+    nodes: int = Field(2, ge=1, description="Nodes the trainer group is packed onto; they host no rollout.")
+    tensor_parallel: int = Field(4, ge=1, description="Tensor-parallel size (TP).")
+    pipeline_parallel: int = Field(4, ge=1, description="Pipeline-parallel size (PP).")
+    expert_parallel: int = Field(4, ge=1, description="Expert-parallel size (EP); must divide model.num_routed_experts.")
+    expert_tensor_parallel: int = Field(1, ge=1, description="Tensor parallelism inside each expert (ETP).")
+    sequence_parallel: bool = Field(True, description="Megatron sequence parallelism alongside TP.")
+    recompute: Literal["full", "none"] = Field("full", description="Activation recomputation granularity.")
+    dtype: Literal["bf16", "fp32"] = Field("bf16", description="Trainer compute dtype; the rollout differs from it by FP8 quantisation.")
+    optimizer_cpu_offload: bool = Field(True, description="Keep optimizer state in host memory (AMD: offloaded to CPU).")
+    max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
+
+
+class OptimConfig(Section):
+    lr: float = Field(1.0e-6, gt=0, description="Adam learning rate, constant.")
+    schedule: Literal["constant"] = Field("constant", description="Learning-rate schedule.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before the constant rate.")
+    betas: list[float] = Field([0.9, 0.98], min_length=2, max_length=2, description="Adam (beta1, beta2).")
+    eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay (AdamW).")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+
+
+class RolloutConfig(Section):
+    backend: Literal["vllm", "embedded"] = Field("vllm", description="Rollout engine: vLLM server on a cluster, the embedded CPU engine otherwise.")
+    num_replicas: int = Field(1, ge=1, description="Independent rollout engines.")
+    tensor_parallel: int = Field(8, ge=1, description="GPUs per rollout replica (AMD: TP8 on the third node).")
+    weight_format: Literal["fp8_block", "bf16"] = Field("fp8_block", description="Weights the rollout serves: block-wise FP8, or the trainer's BF16.")
+    fp8_format: Literal["auto", "e4m3fn", "e4m3fnuz"] = Field("auto", description="FP8 encoding; 'auto' picks e4m3fnuz on gfx942 (MI300/MI308X), e4m3fn elsewhere.")
+    fp8_block: list[int] = Field([128, 128], min_length=2, max_length=2, description="Quantisation block (rows, cols) with one fp32 scale each.")
+    fp8_scale: Literal["fp32", "ue8m0"] = Field("fp32", description="Block scale encoding: plain fp32, or power-of-two as DeepSeek's own V4 checkpoints.")
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="Fraction of GPU memory vLLM may take (AMD post: 0.90; LumenRL file: 0.92).")
+    kv_cache_dtype: Literal["fp8_e4m3", "auto"] = Field("fp8_e4m3", description="KV-cache dtype (DSV4's attention layout in vLLM needs FP8).")
+    max_num_seqs: int = Field(48, ge=1, description="Sequences decoded concurrently per replica.")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (chunked prefill).")
+    enforce_eager: bool = Field(True, description="Disable graph capture (AMD/LumenRL run eager).")
+    temperature: float = Field(0.8, gt=0, description="Sampling temperature of training rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of training rollouts (1 = off).")
+    top_k: int = Field(-1, description="Top-k sampling of training rollouts (-1 = off).")
+
+
+class LengthConfig(Section):
+    max_context: int = Field(16384, ge=2, description="Prompt + response tokens per sequence (AMD: 16,384; the model supports 1M).")
+    max_response: int = Field(4096, ge=1, description="Generated tokens per response before truncation.")
+
+
+class DatasetConfig(Section):
+    kind: Literal["dapo_math", "aime_2024", "tiny_math_train", "tiny_math_held_out"] = Field(description="Which dataset layout to read (or generate, for tiny_math_*).")
+    path: str | None = Field(None, description="Local file (parquet or jsonl); required for dapo_math and aime_2024.")
+    template: Literal["dapo", "tiny"] = Field("dapo", description="Prompt template: DAPO's 'Answer:' instruction, or the tiny task's 'a+b='.")
+    on_malformed: Literal["skip", "fail"] = Field("skip", description="A malformed row is skipped and counted, or stops the load naming the row.")
+    dedupe: bool = Field(True, description="Drop repeated problems (DAPO-Math-17K repeats each ~100 times).")
+    digits: int = Field(2, ge=1, le=3, description="Operand width of tiny-math problems (the difficulty knob).")
+
+    @model_validator(mode="after")
+    def _path_given_for_files(self) -> "DatasetConfig":
+        if self.kind in ("dapo_math", "aime_2024") and not self.path:
+            raise ValueError(f"path: required for kind {self.kind!r}")
+        return self
+
+
+class DataConfig(Section):
+    train: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="dapo_math", path="/dev/shm/datasets/dapo-math-17k/dapo-math-17k.parquet"), description="Training prompts.")
+    eval: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="aime_2024", path="/dev/shm/datasets/aime-2024/aime-2024.parquet"), description="Held-out evaluation problems.")
+
+
+class AlgorithmConfig(Section):
+    prompts_per_step: int = Field(32, ge=1, description="Prompts sampled per optimizer step.")
+    responses_per_prompt: int = Field(8, ge=2, description="Responses per prompt: the GRPO group size.")
+    norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO); false gives Dr.GRPO.")
+    clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon below 1.")
+    clip_ratio_high: float = Field(0.28, gt=0, description="PPO clip epsilon above 1 (DAPO clip-higher).")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field("seq-mean-token-mean", description="How per-token losses become one number.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to a reference policy (0: none, as AMD).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus (0: none).")
+    updates_per_step: int = Field(1, ge=1, description="Optimizer updates per rollout batch (1: on-policy, one global batch of 256).")
+
+
+class RolloutCorrectionConfig(Section):
+    mode: Literal["token", "sequence", "token_mask", "sequence_mask", "none"] = Field("token", description="Importance weighting between rollout and trainer (verl/LumenRL rollout_is).")
+    threshold: float = Field(2.0, ge=1, description="Upper cap C of w = min(exp(logp_old - logp_rollout), C).")
+    lower_threshold: float | None = Field(None, gt=0, le=1, description="Lower bound for the *_mask modes (IcePop); null: 1/threshold.")
+
+
+class RoutingReplayConfig(Section):
+    enabled: bool = Field(True, description="R3: the trainer reuses the rollout's recorded top-k experts.")
+    mode: Literal["hard_assignment"] = Field("hard_assignment", description="Replay the expert ids; gate weights come from the trainer's router.")
+
+
+class RewardConfig(Section):
+    kind: Literal["dapo_math"] = Field("dapo_math", description="Reward rule (verl math_dapo: 'Answer:' line, +1/-1).")
+    verifier: Literal["dapo", "math_verify"] = Field("dapo", description="Answer checker; math_verify is stricter and optional.")
+
+
+class EvalConfig(Section):
+    every_steps: int = Field(25, ge=1, description="Evaluate after every this many steps (and at step 0).")
+    at_start: bool = Field(True, description="Evaluate before the first update.")
+    samples_per_problem: int = Field(8, ge=1, description="Generations per problem; accuracy is avg@k over them.")
+    temperature: float = Field(0.8, gt=0, description="Sampling temperature for evaluation.")
+    top_p: float = Field(0.7, gt=0, le=1, description="Nucleus sampling for evaluation.")
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(25, ge=1, description="Save trainer state after every this many steps.")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+
+
+class WeightSyncConfig(Section):
+    transport: Literal["rdma", "ray_object_store"] = Field("rdma", description="How updated weights reach the rollout (AMD: RDMA over RCCL).")
+    bucket_mb: int = Field(2048, ge=1, description="Bucket size in MB for streaming named tensors.")
+    quantize_on: Literal["rollout", "trainer"] = Field("rollout", description="Where BF16 becomes FP8 (AMD: on the rollout side).")
+    timeout_s: float = Field(1200.0, gt=0, description="Abort a sync that takes longer than this.")
+
+
+class Recipe(Section):
+    name: str = Field(description="Recipe name, also the default run directory name.")
+    description: str = Field("", description="One line on what this recipe reproduces.")
+    seed: int = Field(10086, description="Seed for data order, sampling and initialisation.")
+    steps: int = Field(75, ge=1, description="Optimizer steps of the run.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the run is placed.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="The trainer group.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimizer.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="The rollout group.")
+    lengths: LengthConfig = Field(default_factory=LengthConfig, description="Sequence length limits.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training and evaluation data.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="GRPO / PPO loss settings.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="Truncated importance sampling.")
+    routing_replay: RoutingReplayConfig = Field(default_factory=RoutingReplayConfig, description="Rollout routing replay (R3).")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="The reward rule.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints and resume.")
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer-to-rollout weight sync.")
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.algorithm.prompts_per_step * self.algorithm.responses_per_prompt
+
+    @property
+    def data_parallel(self) -> int:
+        return self.actor.num_workers // (self.actor.tensor_parallel * self.actor.pipeline_parallel)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Recipe":
+        from repro.recipe_checks import check_consistency
+
+        check_consistency(self)
+        return self

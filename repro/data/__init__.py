@@ -1,0 +1,1 @@
+"""Datasets: loaders for DAPO-Math-17K / AIME-2024 layouts and the synthetic tiny-math generator."""
