@@ -30,8 +30,9 @@ truncation (only the ±20 log clamp applied), so max can exceed C:
   rollout_corr/rollout_rs_masked_fraction ``*_mask`` modes only: fraction of valid tokens rejected (verl's
                                           rollout_rs_masked_fraction, which lives under its rejection-sampling keys)
 
-Deviations from verl, all only in degenerate inputs: sequences with no valid token are left out of E_seq
-(verl averages them in as perplexity 1); k3_kl clamps lr to ±20 before exp like the other metrics.
+Deviations from verl, all only in degenerate inputs: sequences with no valid token are left out of E_seq and
+of the sequence-level max/min/fractions (verl counts them as perplexity 1 / weight 1); k3_kl clamps lr to ±20
+before exp like the other metrics; no valid token at all raises instead of asserting.
 """
 
 from __future__ import annotations
