@@ -1,0 +1,1 @@
+"""Trainers behind one interface: the embedded torch trainer, Megatron-core."""
