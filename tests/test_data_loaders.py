@@ -85,7 +85,11 @@ def test_jsonl_gives_the_same_records_as_parquet(tmp_path):
 
 
 def test_raw_and_templated_copies_of_a_problem_are_one_problem(tmp_path):
-    rows = [dapo_row(PROBLEMS[0], "2", 0, templated=False), dapo_row(PROBLEMS[0], "2", 1), dapo_row(PROBLEMS[1], "2", 2, templated=False)]
+    rows = [
+        dapo_row(PROBLEMS[0], "2", 0, templated=False),
+        dapo_row(PROBLEMS[0], "2", 1),
+        dapo_row(PROBLEMS[1], "2", 2, templated=False),
+    ]
     loaded = load_dapo_math(write_parquet(tmp_path / "mixed.parquet", rows))
     assert [p.problem for p in loaded.problems] == PROBLEMS[:2]
     assert loaded.stats.duplicates_dropped == 1
@@ -109,7 +113,8 @@ def malformed_jsonl_rows():
     extra_is_list = {**dapo_row(PROBLEMS[1], "2", 6), "extra_info": [1]}
     empty_problem = dapo_row("   ", "2", 7)
     other = dapo_row(PROBLEMS[2], "3", 8)
-    return [good, no_answer, empty_prompt, prompt_is_string, answer_is_list, no_source, extra_is_list, "{not json", empty_problem, other]
+    bad = [no_answer, empty_prompt, prompt_is_string, answer_is_list, no_source, extra_is_list, "{not json", empty_problem]
+    return [good, *bad, other]
 
 
 def test_malformed_rows_are_skipped_and_reported(tmp_path):
@@ -153,8 +158,10 @@ def test_parquet_null_answer_empty_prompt_and_missing_column(tmp_path):
     path = write_parquet(tmp_path / "nulls.parquet", rows)
     with pytest.raises(DataError, match=r"nulls\.parquet: row 1: field 'reward_model\.ground_truth' is missing"):
         load_dapo_math(path, on_malformed="fail")
-    assert [(m.row, m.field) for m in load_dapo_math(path).stats.first_malformed] == [(1, "reward_model.ground_truth"), (2, "prompt")]
-    no_column = write_parquet(tmp_path / "nocol.parquet", [{k: v for k, v in r.items() if k != "reward_model"} for r in repeated_dapo_rows()])
+    reported = [(m.row, m.field) for m in load_dapo_math(path).stats.first_malformed]
+    assert reported == [(1, "reward_model.ground_truth"), (2, "prompt")]
+    without_answers = [{k: v for k, v in r.items() if k != "reward_model"} for r in repeated_dapo_rows()]
+    no_column = write_parquet(tmp_path / "nocol.parquet", without_answers)
     with pytest.raises(DataError, match=r"nocol\.parquet: row 0: field 'reward_model' is missing"):
         load_dapo_math(no_column, on_malformed="fail")
     with pytest.raises(DataError, match=r"nocol\.parquet: no usable rows \(8 read, 8 malformed\); first malformed: .*row 0"):

@@ -142,7 +142,8 @@ def _parse_dapo_row(row: dict, uid_fallback: str, templates: Sequence[str]) -> M
         raise _Malformed("prompt", "must be a non-empty list of {role, content} messages")
     messages = []
     for position, message in enumerate(row["prompt"]):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+        is_message = isinstance(message, dict) and all(isinstance(message.get(k), str) for k in ("role", "content"))
+        if not is_message:
             raise _Malformed(f"prompt[{position}]", "must be a {role: str, content: str} message")
         messages.append(ChatMessage(message["role"], message["content"]))
     user_turns = [position for position, message in enumerate(messages) if message.role == "user"]
