@@ -1,0 +1,204 @@
+"""The embedded rollout engine: batched KV-cache sampling on CPU from (dequantised) FP8 weights.
+
+It stands in for the vLLM server of the full recipe and differs from the trainer the same way: it computes
+with weights that went through block-wise FP8 quantisation, so its token distribution is genuinely not the
+trainer's. Per response it returns the sampled ids, the log-prob of each sampled token under the rollout's
+own distribution, the experts every top-k MoE layer chose at every fed position (for R3), and why it stopped.
+
+Works with any transformers causal LM whose cache is a ``DynamicCache`` passed as ``cache=``/
+``past_key_values=``; routing is recorded where ``repro.model.routing`` can hook the routers (DeepSeek-V4).
+
+Prompts of different lengths are decoded in separate groups rather than padded: DeepSeek-V4's compressed
+attention groups absolute positions into blocks, so left padding would shift what each block holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from typing import Callable, Iterable
+
+import torch
+from transformers import DynamicCache
+
+from repro.errors import ReproError
+from repro.model.routing import RoutingError, RoutingRecorder, topk_routers
+from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
+
+# named tensors as the trainer holds them -> named tensors as the engine computes with (e.g. FP8 round trip)
+WeightView = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+class RolloutError(ReproError):
+    """A request or weight update the engine cannot serve."""
+
+
+def _identity_view(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return weights
+
+
+class EmbeddedEngine:
+    """A single-process engine over one model instance. ``weight_view`` decides what precision it serves."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_id: int,
+        pad_id: int,
+        max_context: int,
+        weight_view: WeightView = _identity_view,
+        record_routing: bool = True,
+    ):
+        self.model = copy.deepcopy(model).eval()
+        self.eos_id, self.pad_id, self.max_context = eos_id, pad_id, max_context
+        self.weight_view = weight_view
+        self.record_routing = record_routing and self._has_topk_routers()
+        # transformers' DeepSeek-V4 names its cache argument `cache`; most models call it `past_key_values`
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in params else "past_key_values"
+        self.weight_version = -1
+        self.update_weights(model.state_dict().items(), version=0)
+
+    def _has_topk_routers(self) -> bool:
+        try:
+            topk_routers(self.model)
+        except RoutingError:
+            return False
+        return True
+
+    # -- weights -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Check the whole update, convert it, then swap: a bad update leaves the old weights serving."""
+        expected = self.model.state_dict()
+        received = dict(named_tensors)
+        missing = sorted(set(expected) - set(received))
+        unexpected = sorted(set(received) - set(expected))
+        if missing or unexpected:
+            raise RolloutError(
+                f"weight update v{version}: missing tensors {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unexpected tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+            )
+        for name, tensor in received.items():
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise RolloutError(
+                    f"weight update v{version}: tensor {name} has shape {tuple(tensor.shape)}, "
+                    f"the model's is {tuple(expected[name].shape)}"
+                )
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise RolloutError(f"weight update v{version}: tensor {name} holds NaN or Inf")
+        served = self.weight_view(received)
+        self.model.load_state_dict(served, strict=True)
+        self.weight_version = version
+
+    # -- sampling ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
+        """``params.n`` responses per prompt, prompt-major. Deterministic for ``params.seed``."""
+        self._check_prompts(prompts, params)
+        start = time.perf_counter()
+        generator = torch.Generator().manual_seed(params.seed)
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for index, prompt in enumerate(prompts):
+            by_length[len(prompt)].append(index)
+        found: dict[tuple[int, int], Trajectory] = {}
+        for length in sorted(by_length):
+            indices = by_length[length]
+            rows = [(i, s) for i in indices for s in range(params.n)]
+            ids = torch.tensor([prompts[i] for i, _ in rows], dtype=torch.int64)
+            max_new = min(params.max_new_tokens, self.max_context - length)
+            for (i, s), traj in zip(rows, self._decode(ids, max_new, params, generator)):
+                traj.prompt_index, traj.sample_index = i, s
+                found[(i, s)] = traj
+        trajectories = [found[(i, s)] for i in range(len(prompts)) for s in range(params.n)]
+        generated = sum(len(t.response_ids) for t in trajectories)
+        return RolloutResult(trajectories, generated, time.perf_counter() - start)
+
+    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        if not prompts:
+            raise RolloutError("generate: no prompts")
+        for index, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise RolloutError(f"generate: prompt {index} is empty (it needs at least a BOS token)")
+            if len(prompt) >= self.max_context:
+                raise RolloutError(
+                    f"generate: prompt {index} has {len(prompt)} tokens, the context holds {self.max_context} "
+                    f"(lengths.max_context) with room for at least one new token"
+                )
+
+    def _decode(self, ids: torch.Tensor, max_new: int, params: SamplingParams, generator) -> list[Trajectory]:
+        rows, prompt_len = ids.shape
+        cache = DynamicCache(config=self.model.config)
+        recorder = RoutingRecorder(self.model) if self.record_routing else None
+        tokens, logprobs = [], []
+        finished = torch.zeros(rows, dtype=torch.bool)
+        with recorder or nullcontext():
+            logits = self._forward(ids, cache)
+            for step in range(max_new):
+                if not torch.isfinite(logits).all():
+                    raise RolloutError(
+                        f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})"
+                    )
+                token, logprob = sample_tokens(logits, params, generator)
+                if not torch.isfinite(logprob).all():
+                    raise RolloutError(
+                        f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})"
+                    )
+                token = torch.where(finished, torch.full_like(token, self.pad_id), token)
+                tokens.append(token)
+                logprobs.append(logprob)
+                finished |= token == self.eos_id
+                if finished.all() or step == max_new - 1:
+                    break
+                logits = self._forward(token[:, None], cache)
+        token_table = torch.stack(tokens, dim=1)
+        logprob_table = torch.stack(logprobs, dim=1)
+        routing = recorder.indices() if recorder else {}
+        return [self._trajectory(row, ids[row], token_table[row], logprob_table[row], routing) for row in range(rows)]
+
+    def _forward(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        cache_kwarg = {self._cache_argument: cache}
+        logits = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache_kwarg).logits
+        return logits[:, -1].float()
+
+    def _trajectory(self, row, prompt, tokens, logprobs, routing) -> Trajectory:
+        eos_at = (tokens == self.eos_id).nonzero()
+        length = int(eos_at[0]) + 1 if len(eos_at) else len(tokens)
+        fed = len(prompt) + length - 1
+        return Trajectory(
+            prompt_index=-1,
+            sample_index=-1,
+            prompt_ids=prompt.tolist(),
+            response_ids=tokens[:length].tolist(),
+            logprobs=logprobs[:length].clone(),
+            finish_reason=FinishReason.EOS if len(eos_at) else FinishReason.LENGTH,
+            weight_version=self.weight_version,
+            routing={layer: table[row, :fed].clone() for layer, table in routing.items()},
+        )
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row from softmax(logits / T), optionally top-k/top-p filtered.
+
+    Args: logits [B, V] float32. Returns (tokens [B] int64, logprobs [B] float32) where the log-prob is that of
+    the token under log_softmax(logits / T) -- the distribution the trainer recomputes. With top_p = 1 and
+    top_k = -1 (training rollouts) that is exactly the distribution sampled from.
+    """
+    scaled = logits / params.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled
+    if params.top_k > 0:
+        kth = torch.topk(filtered, min(params.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(filtered, dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p  # keeps the top token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(filtered, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
