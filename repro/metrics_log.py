@@ -1,0 +1,60 @@
+"""The per-run metrics log: one JSON object per line, appended and flushed as each step ends.
+
+Rows carry ``kind`` ("train" or "eval") and ``step``. Keys follow verl/LumenRL names (``rollout_corr/kl``,
+``actor/grad_norm``, ``timing_s/step`` ...) so other frameworks' exports line up with ours.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; a missing value reads back as NaN in pandas
+    return value
+
+
+class MetricsLog:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def append(self, row: dict) -> None:
+        line = json.dumps({k: _clean(v) for k, v in row.items()}, sort_keys=False)
+        with open(self.path, "a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def rows(self) -> list[dict]:
+        """All complete rows; a torn last line (killed mid-write) is ignored."""
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return out
+
+    def truncate_after(self, step: int) -> int:
+        """Keep rows up to ``step`` (resume from a checkpoint at ``step``); returns how many were dropped."""
+        rows = self.rows()
+        kept = [r for r in rows if r["step"] <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+        return len(rows) - len(kept)
+
+    def write_parquet(self, path: str | Path | None = None) -> Path:
+        import pandas as pd
+
+        final = Path(path) if path else self.path.with_suffix(".parquet")
+        tmp = final.with_name(final.name + ".tmp")
+        pd.DataFrame(self.rows()).to_parquet(tmp, index=False)
+        tmp.replace(final)
+        return final
