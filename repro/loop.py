@@ -1,0 +1,44 @@
+"""The RL loop of AMD's DeepSeek-V4-Flash recipe: GRPO with an FP8 rollout, R3 and token-level TIS.
+
+Each step: 32 prompts -> 8 responses each from the rollout (FP8 weights, routing recorded) -> DAPO reward ->
+GRPO advantages -> the trainer rescores with the rollout's routing replayed (old log-probs) -> mismatch
+metrics (KL, ESS) -> one update with truncated importance weights (cap 2.0) -> the new weights are sent to
+the rollout in buckets and re-quantised to FP8 there -> log. Every 25 steps (and at step 0): evaluate avg@8
+on the held-out set, then checkpoint.
+
+Where this departs from the published run, and why: on a CPU the trainer is the embedded torch trainer and
+the rollout the embedded engine (the Megatron-core and vLLM backends implement the same calls); everything
+else -- batch shape, loss, correction, replay, sync, checkpoint cadence, metrics -- is the recipe's.
+
+Launch:  repro run --recipe tiny-cpu [--steps N] [--resume] [--run-dir DIR];  repro smoke  (3 steps)
+"""
+
+from __future__ import annotations
+
+from repro.run_state import Run
+from repro.steps import (
+    StepClock, evaluate_and_log, generate_rollouts, log_step, make_train_batch, mismatch_metrics,
+    rescore_with_replay, save_checkpoint_now, score_rollouts, sync_weights, update_actor,
+)
+
+
+def train(run: Run) -> None:
+    """Run steps ``run.start_step + 1 .. recipe.steps``; ``run`` holds the groups, data and logs."""
+    recipe = run.recipe
+    if run.start_step == 0 and recipe.eval.at_start:
+        evaluate_and_log(run, step=0)
+    for step in range(run.start_step + 1, recipe.steps + 1):
+        clock = StepClock()
+        problems = run.sampler.next_batch()
+        rollout = clock.time("rollout", generate_rollouts, run, problems, step)
+        rewards = clock.time("reward", score_rollouts, run, problems, rollout)
+        batch = make_train_batch(run, rollout, rewards)
+        clock.time("old_logprob", rescore_with_replay, run, batch)
+        mismatch = mismatch_metrics(run, batch)
+        update = clock.time("update", update_actor, run, batch)
+        sync = clock.time("sync", sync_weights, run, step)
+        log_step(run, step, clock, rollout, rewards, mismatch, update, sync)
+        if step % recipe.eval.every_steps == 0 or step == recipe.steps:
+            evaluate_and_log(run, step)
+        if step % recipe.checkpoint.every_steps == 0 or step == recipe.steps:
+            save_checkpoint_now(run, step)

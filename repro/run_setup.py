@@ -1,0 +1,112 @@
+"""Open a run: check the run directory, resolve the model, load data, start the groups, resume if asked.
+
+Run directory layout (documented in README):
+    recipe.yaml            the resolved recipe (every default spelled out)
+    data/                  generated datasets (tiny recipe)
+    metrics.jsonl          one row per step and per evaluation (metrics.parquet at the end)
+    eval/step_NNNNNN.json  per-problem correct counts and a sample response
+    checkpoints/step_NNNNNN/  trainer state + loop state + the log up to that step (newest `keep_last`)
+    logs/                  Ray and run logs
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from repro.checkpoint import latest_checkpoint, restore_driver_rng
+from repro.config import Recipe
+from repro.data.sampler import PromptSampler
+from repro.data.source import load_dataset, prompt_ids
+from repro.errors import ReproError
+from repro.metrics_log import MetricsLog
+from repro.recipes import dump_recipe, require_paths, resolve_path
+from repro.run_state import Group, LocalGroup, Run
+
+GroupFactory = Callable[[Recipe, Path, Path], tuple[Group, Group]]
+
+
+def checkpoint_bytes(recipe: Recipe) -> int:
+    """Weights in the trainer dtype + fp32 master copy (bf16 only) + two fp32 Adam moments, per parameter."""
+    per_param = {"bf16": 2 + 4 + 8, "fp32": 4 + 8}[recipe.actor.dtype]
+    return recipe.model.num_parameters * per_param
+
+
+def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
+    """Fail before step 1 if the run cannot finish: unwritable folder, too little disk, or a clash."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-probe"
+        probe.write_bytes(b"\0" * (1 << 20))
+        probe.unlink()
+    except OSError as err:
+        raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+    need = checkpoint_bytes(recipe) * (recipe.checkpoint.keep_last + 1)
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        raise ReproError(
+            f"run dir {run_dir}: {free / 1e9:.2f} GB free, checkpoints need about {need / 1e9:.2f} GB "
+            f"({recipe.checkpoint.keep_last} kept + 1 being written, {checkpoint_bytes(recipe) / 1e9:.2f} GB each)"
+        )
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise ReproError(
+            f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
+            "or choose another --run-dir"
+        )
+    for sub in ("logs", "eval", "checkpoints"):
+        (run_dir / sub).mkdir(exist_ok=True)
+    dump_recipe(recipe, run_dir / "recipe.yaml")
+
+
+def resolve_model_dir(recipe: Recipe) -> Path:
+    if recipe.model.path == "builtin:tiny-dsv4-warm":
+        from repro.model.assets import ensure_warm_checkpoint
+
+        return ensure_warm_checkpoint()
+    return require_paths(recipe, ("model.path",))["model.path"]
+
+
+def local_groups(recipe: Recipe, model_dir: Path, run_dir: Path) -> tuple[Group, Group]:
+    """Trainer and rollout in this process (tests; the CLI places them with Ray)."""
+    from repro.workers import RolloutWorker, TrainerWorker
+
+    return LocalGroup(TrainerWorker(recipe, model_dir), "trainer"), LocalGroup(RolloutWorker(recipe, model_dir), "rollout")
+
+
+def open_run(recipe: Recipe, run_dir: str | Path, resume: bool = False, groups: GroupFactory = local_groups) -> Run:
+    from repro.model.checkpoint import load_tiny_tokenizer
+    from repro.steps import sync_weights
+
+    run_dir = Path(run_dir)
+    prepare_run_dir(recipe, run_dir, resume)
+    if recipe.data.train.path or recipe.data.eval.path:
+        require_paths(recipe, ("data.train.path", "data.eval.path"))
+    model_dir = resolve_model_dir(recipe)
+    tokenizer = load_tiny_tokenizer(model_dir)
+    train = load_dataset(recipe.data.train, run_dir / "data", seed=recipe.seed)
+    held_out = load_dataset(recipe.data.eval, run_dir / "data", seed=recipe.seed)
+    trainer, rollout = groups(recipe, model_dir, run_dir)
+    run = Run(
+        recipe=recipe, run_dir=run_dir, trainer=trainer, rollout=rollout, tokenizer=tokenizer,
+        train_problems=train, train_prompt_ids=[prompt_ids(tokenizer, p, recipe.data.train.template) for p in train],
+        eval_problems=held_out, eval_prompt_ids=[prompt_ids(tokenizer, p, recipe.data.eval.template) for p in held_out],
+        sampler=PromptSampler(len(train), recipe.algorithm.prompts_per_step, recipe.seed),
+        metrics=MetricsLog(run_dir / "metrics.jsonl"),
+    )
+    if resume:
+        checkpoint = latest_checkpoint(run.checkpoint_dir)
+        if checkpoint is None:
+            run.metrics.path.unlink(missing_ok=True)  # killed before the first checkpoint: start over cleanly
+            return run
+        state = checkpoint.loop_state()
+        trainer.call("load", str(checkpoint.trainer_dir))
+        run.sampler.load_state(state["sampler"])
+        restore_driver_rng(state["driver_rng"])
+        saved_log = checkpoint.path / "metrics.jsonl"
+        tmp = run.metrics.path.with_name("metrics.jsonl.tmp")
+        shutil.copyfile(saved_log, tmp) if saved_log.exists() else tmp.write_text("")
+        tmp.replace(run.metrics.path)  # the log as it stood at the checkpoint: no lost or repeated step
+        sync_weights(run, state["weight_version"])
+        run.start_step = checkpoint.step
+    return run
