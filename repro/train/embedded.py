@@ -1,0 +1,330 @@
+"""The embedded torch trainer: GRPO updates of a (tiny) DeepSeek-V4 on CPU, the loss the Megatron run uses.
+
+One ``train_step`` = the batch split into ``updates_per_step`` row groups, one AdamW update each. Per update:
+
+  1. decoupled TIS weights w = min(exp(old - rollout), C) from the trainer's recompute (``batch.old_logprobs``)
+     and the rollout engine's log-probs -- fixed before any forward, so the loss mask and its normaliser are
+     known up front;
+  2. rows whose advantage is exactly 0 are skipped: their loss is -0 * ratio * w = 0 for every token, so their
+     forward/backward would add exactly nothing, but they still count in the normaliser (GRPO's zero-variance
+     groups are 25-40% of the rows on this task);
+  3. the remaining rows go through token-budget micro-batches, each forward inside ``RoutingReplay`` (R3) when
+     the recipe asks, each micro-batch's aggregated loss rescaled to its share of the whole update so the
+     accumulated gradient equals the one-big-batch gradient whatever the micro-batching;
+  4. global-norm clip, AdamW.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from repro.algos import (
+    agg_loss,
+    broadcast_to_tokens,
+    entropy_from_logits,
+    logprobs_from_logits,
+    ppo_clip_loss,
+    rollout_is_weights,
+)
+from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.model.routing import RoutingReplay, topk_routers
+from repro.train.base import LogprobResult, TrainerError
+from repro.train.batch import TrainBatch, micro_batches
+from repro.train.optimizer import MasterAdamW, warmup_constant_lr
+from repro.train import state as saved_state
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class _UpdateStats:
+    """Sums over one update's forwarded micro-batches; token-weighted means are formed at the end."""
+
+    loss: float = 0.0
+    tokens: float = 0.0            # kept response tokens that went through a forward
+    response_tokens: float = 0.0   # all response tokens that went through a forward (entropy's denominator)
+    entropy_sum: float = 0.0
+    clipfrac_sum: float = 0.0
+    clipfrac_lower_sum: float = 0.0
+    ppo_kl_sum: float = 0.0
+    rows_skipped: int = 0
+    micro_batches: int = 0
+
+
+class EmbeddedTrainer:
+    """GRPO trainer for a Hugging Face DeepSeek-V4 model on CPU.
+
+    Args:
+        model: a ``DeepseekV4ForCausalLM`` or a safetensors checkpoint folder holding one.
+        optim, algorithm, rollout_correction: the recipe sections of the same names.
+        dtype: ``"fp32"`` or ``"bf16"`` (compute dtype; AdamW keeps fp32 masters either way).
+        max_tokens_per_micro_batch: padded tokens (rows x width) per forward.
+        temperature: the rollout's sampling temperature; log-probs are of softmax(logits / temperature).
+        replay_routing: R3 in ``train_step`` (``logprobs`` takes its own flag).
+        skip_zero_advantage_rows: skip the forward/backward of rows with advantage exactly 0 (same gradient).
+        seed: seeds torch's RNG once at construction (the forward itself draws no random numbers).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | str | Path,
+        *,
+        optim: OptimConfig | None = None,
+        algorithm: AlgorithmConfig | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
+        dtype: str = "fp32",
+        max_tokens_per_micro_batch: int = 16384,
+        temperature: float = 1.0,
+        replay_routing: bool = True,
+        skip_zero_advantage_rows: bool = True,
+        seed: int = 0,
+    ):
+        if dtype not in DTYPES:
+            raise TrainerError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if max_tokens_per_micro_batch < 1 or temperature <= 0:
+            raise TrainerError(
+                f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got "
+                f"{max_tokens_per_micro_batch} and {temperature}"
+            )
+        self.optim = optim or OptimConfig()
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.correction = rollout_correction or RolloutCorrectionConfig()
+        if self.algorithm.kl_coef != 0 or self.algorithm.entropy_coef != 0:
+            # Both would also make zero-advantage rows carry gradient, which the row skipping relies on not doing.
+            raise TrainerError(
+                f"algorithm.kl_coef={self.algorithm.kl_coef}, entropy_coef={self.algorithm.entropy_coef}: the "
+                "embedded trainer implements neither (the reproduced run uses 0 for both)"
+            )
+        self.dtype_name = dtype
+        self.dtype = DTYPES[dtype]
+        self.max_tokens = max_tokens_per_micro_batch
+        self.temperature = temperature
+        self.replay_routing = replay_routing
+        self.skip_zero_advantage_rows = skip_zero_advantage_rows
+        torch.manual_seed(seed)
+        if isinstance(model, (str, Path)):
+            from repro.model.checkpoint import load_tiny_model
+
+            model = load_tiny_model(model)
+        # Parameters only: rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them.
+        for param in model.parameters():
+            param.data = param.data.to(self.dtype)
+        self.model = model.eval()  # eval: V4 has no dropout to switch on, and generate() expects eval mode
+        self.routers = topk_routers(model)
+        self.opt = MasterAdamW(model, self.optim)
+        self.opt.zero_grad()
+        self.step = 0      # completed train_step calls
+        self.updates = 0   # completed optimizer updates (drives the warm-up)
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, model_dir: str | Path | None = None, **overrides) -> "EmbeddedTrainer":
+        """The trainer a recipe describes; ``model_dir`` defaults to ``recipe.model.path`` (``builtin:`` resolved)."""
+        if model_dir is None:
+            from repro.recipes import resolve_path
+
+            model_dir = resolve_path(recipe.model.path)
+        settings = dict(
+            optim=recipe.optim,
+            algorithm=recipe.algorithm,
+            rollout_correction=recipe.rollout_correction,
+            dtype=recipe.actor.dtype,
+            max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
+            temperature=recipe.rollout.temperature,
+            replay_routing=recipe.routing_replay.enabled,
+            seed=recipe.seed,
+        )
+        return cls(model_dir, **{**settings, **overrides})
+
+    # ---- scoring -------------------------------------------------------------------------------------------
+
+    def _forward(self, micro: TrainBatch, replay: bool) -> torch.Tensor:
+        """[b, t, V] logits of one micro-batch, with its recorded experts forced when ``replay``."""
+        context = RoutingReplay(self.model, micro.routing) if replay else nullcontext()
+        with context:
+            return self.model(input_ids=micro.input_ids, use_cache=False).logits
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
+        """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response)."""
+        self._check_batch(batch, need_old=False, replay=replay_routing, caller="logprobs")
+        logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        entropy = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        start = 0
+        for micro in micro_batches(batch, self.max_tokens):
+            rows, width = micro.input_ids.shape
+            logits = self._forward(micro, replay_routing)
+            mask = micro.response_mask
+            lp = logprobs_from_logits(logits, micro.targets, self.temperature)
+            ent = entropy_from_logits(logits, self.temperature)
+            logprobs[start : start + rows, :width] = torch.where(mask, lp, 0.0)
+            entropy[start : start + rows, :width] = torch.where(mask, ent, 0.0)
+            start += rows
+        return LogprobResult(logprobs, entropy)
+
+    # ---- training ------------------------------------------------------------------------------------------
+
+    def _accumulate_gradients(self, batch: TrainBatch) -> _UpdateStats:
+        """Backward the update's loss over ``batch`` into the parameters' ``.grad`` (zeroed first)."""
+        self.opt.zero_grad()
+        stats = _UpdateStats()
+        weights = self._is_weights(batch)
+        keep = weights.keep_mask
+        total_tokens = int(keep.sum())
+        total_rows = int(keep.any(dim=1).sum())
+        if total_tokens == 0:
+            stats.rows_skipped = batch.num_rows
+            return stats
+        forwarded = keep.any(dim=1)
+        if self.skip_zero_advantage_rows:
+            forwarded &= batch.advantages != 0
+        stats.rows_skipped = batch.num_rows - int(forwarded.sum())
+        if not forwarded.any():
+            return stats
+        mode = self.algorithm.loss_agg_mode
+        for micro in micro_batches(batch.rows(forwarded.nonzero().squeeze(1)), self.max_tokens):
+            logits = self._forward(micro, self.replay_routing)
+            logp = logprobs_from_logits(logits, micro.targets, self.temperature)
+            micro_w = self._is_weights(micro)
+            micro_keep = micro_w.keep_mask
+            policy = ppo_clip_loss(
+                logp,
+                micro.old_logprobs,
+                broadcast_to_tokens(micro.advantages, micro.response_mask),
+                micro_keep,
+                clip_low=self.algorithm.clip_ratio_low,
+                clip_high=self.algorithm.clip_ratio_high,
+                is_weights=micro_w.weights,
+            )
+            # Each micro-batch's mean, weighted by its share of the update's normaliser (tokens or sequences),
+            # sums to the mean over the whole update.
+            if mode == "token-mean":
+                share = int(micro_keep.sum()) / total_tokens
+            else:
+                share = int(micro_keep.any(dim=1).sum()) / total_rows
+            loss = agg_loss(policy.loss_mat, micro_keep, mode) * share
+            loss.backward()
+            with torch.no_grad():
+                tokens = float(micro_keep.sum())
+                entropy = entropy_from_logits(logits.detach(), self.temperature)
+                stats.loss += float(loss)
+                stats.tokens += tokens
+                stats.response_tokens += float(micro.response_mask.sum())
+                stats.entropy_sum += float((entropy * micro.response_mask).sum())
+                stats.clipfrac_sum += float(policy.pg_clipfrac) * tokens
+                stats.clipfrac_lower_sum += float(policy.pg_clipfrac_lower) * tokens
+                stats.ppo_kl_sum += float(policy.ppo_kl) * tokens
+                stats.micro_batches += 1
+        return stats
+
+    def _is_weights(self, batch: TrainBatch):
+        return rollout_is_weights(
+            batch.old_logprobs,
+            batch.rollout_logprobs,
+            batch.response_mask,
+            mode=self.correction.mode,
+            threshold=self.correction.threshold,
+            threshold_lower=self.correction.lower_threshold,
+        )
+
+    def _update_row_groups(self, batch: TrainBatch) -> list[torch.Tensor]:
+        count = self.algorithm.updates_per_step
+        if count > batch.num_rows:
+            raise TrainerError(f"algorithm.updates_per_step={count} exceeds the batch's {batch.num_rows} rows")
+        return list(torch.arange(batch.num_rows).tensor_split(count))
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """``updates_per_step`` AdamW updates on ``batch``; returns verl-named metrics (means over updates).
+
+        ``actor/entropy``, ``actor/pg_clipfrac*`` and ``actor/ppo_kl`` are token means over the rows that went
+        through a forward (zero-advantage rows are skipped); ``actor/grad_norm`` is the norm before clipping.
+        """
+        self._check_batch(batch, need_old=True, replay=self.replay_routing, caller="train_step")
+        per_update = []
+        for rows in self._update_row_groups(batch):
+            stats = self._accumulate_gradients(batch.rows(rows))
+            lr = warmup_constant_lr(self.optim, self.updates)
+            grad_norm = self.opt.step(lr)
+            self.updates += 1
+            per_token = max(stats.tokens, 1.0)
+            per_update.append({
+                "actor/loss": stats.loss,
+                "actor/grad_norm": grad_norm,
+                "actor/entropy": stats.entropy_sum / max(stats.response_tokens, 1.0),
+                "actor/pg_clipfrac": stats.clipfrac_sum / per_token,
+                "actor/pg_clipfrac_lower": stats.clipfrac_lower_sum / per_token,
+                "actor/ppo_kl": stats.ppo_kl_sum / per_token,
+                "actor/lr": lr,
+                "actor/num_rows_skipped_zero_adv": float(stats.rows_skipped),
+                "actor/micro_batches": float(stats.micro_batches),
+            })
+        self.step += 1
+        metrics = {key: sum(m[key] for m in per_update) / len(per_update) for key in per_update[0]}
+        for key in ("actor/num_rows_skipped_zero_adv", "actor/micro_batches"):
+            metrics[key] = float(sum(m[key] for m in per_update))  # counts add up over updates
+        metrics["actor/lr"] = per_update[-1]["actor/lr"]
+        return metrics
+
+    def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """name -> fp32 gradient of the first update's loss on ``batch`` (unclipped); weights stay untouched."""
+        self._check_batch(batch, need_old=True, replay=self.replay_routing, caller="gradients")
+        self._accumulate_gradients(batch.rows(self._update_row_groups(batch)[0]))
+        grads = {name: g.clone() for name, g in zip(self.opt.names, self.opt.master_grads())}
+        self.opt.zero_grad()
+        return grads
+
+    # ---- checks --------------------------------------------------------------------------------------------
+
+    def _check_batch(self, batch: TrainBatch, *, need_old: bool, replay: bool, caller: str) -> None:
+        if batch.input_ids.dim() != 2:
+            raise TrainerError(f"{caller}: batch.input_ids must be [B, T], got {tuple(batch.input_ids.shape)}")
+        shape = tuple(batch.input_ids.shape)
+        fields = {"targets": batch.targets, "response_mask": batch.response_mask,
+                  "rollout_logprobs": batch.rollout_logprobs}
+        if need_old:
+            if batch.old_logprobs is None:
+                raise TrainerError(
+                    f"{caller}: batch.old_logprobs is None; set it to trainer.logprobs(batch).logprobs "
+                    "(the trainer's recompute before the update) first"
+                )
+            fields["old_logprobs"] = batch.old_logprobs
+        for name, tensor in fields.items():
+            if tuple(tensor.shape) != shape:
+                raise TrainerError(f"{caller}: batch.{name} is {tuple(tensor.shape)}, want {shape} like input_ids")
+        if tuple(batch.advantages.shape) != shape[:1]:
+            raise TrainerError(f"{caller}: batch.advantages is {tuple(batch.advantages.shape)}, want [{shape[0]}]")
+        if not replay:
+            return
+        if batch.routing is None:
+            raise TrainerError(
+                f"{caller}: routing replay asked for, but batch.routing is None (build the batch with "
+                "with_routing=True from a rollout that records routing, or turn replay off)"
+            )
+        for layer, router in self.routers.items():
+            table = batch.routing.get(layer)
+            want = (*shape, router.top_k)
+            if table is None or tuple(table.shape) != want:
+                got = None if table is None else tuple(table.shape)
+                raise TrainerError(f"{caller}: batch.routing[{layer}] is {got}, want {want} ([B, T, top_k])")
+
+    # ---- weights and state ---------------------------------------------------------------------------------
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the model's state dict (parameters and persistent buffers such as the hash-routing
+        table), detached copies on CPU; floating ones in the trainer's dtype, integer ones unchanged."""
+        for name, tensor in self.model.state_dict().items():
+            tensor = tensor.detach().to("cpu")
+            if tensor.is_floating_point():
+                tensor = tensor.to(self.dtype)
+            yield name, tensor.clone()
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the full training state to ``directory`` (replaced atomically); see ``repro.train.state``."""
+        return saved_state.save_trainer(self, directory)
+
+    def load(self, directory: str | Path) -> None:
+        saved_state.load_trainer(self, directory)

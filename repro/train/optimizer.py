@@ -1,0 +1,85 @@
+"""AdamW with fp32 master weights, a constant learning rate with linear warm-up, and global-norm clipping.
+
+In fp32 the master weights are the model's own parameters. In bf16 the model computes in bf16 while AdamW
+updates fp32 copies that are written back after each update -- what Megatron's mixed-precision optimizer does;
+an AdamW step of lr=1e-6 applied to bf16 weights directly (8 mantissa bits) would round away entirely.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from repro.config import OptimConfig
+
+
+def warmup_constant_lr(optim: OptimConfig, update_index: int) -> float:
+    """lr of update ``update_index`` (0-based): ramps linearly over ``warmup_steps`` updates, then constant.
+
+    The first warm-up update already uses lr / warmup_steps (HF's schedule spends its first update at lr 0).
+    """
+    if optim.warmup_steps <= 0:
+        return optim.lr
+    return optim.lr * min(1.0, (update_index + 1) / optim.warmup_steps)
+
+
+class MasterAdamW:
+    """AdamW over fp32 masters of ``model``'s parameters (the parameters themselves when they are fp32)."""
+
+    def __init__(self, model: torch.nn.Module, optim: OptimConfig):
+        self.names = [name for name, _ in model.named_parameters()]
+        self.model_params = [p for _, p in model.named_parameters()]
+        self.shares_storage = all(p.dtype == torch.float32 for p in self.model_params)
+        if self.shares_storage:
+            self.master = self.model_params
+        else:
+            self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.model_params]
+        self.grad_clip = optim.grad_clip
+        self.optimizer = torch.optim.AdamW(
+            self.master, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+        )
+
+    def zero_grad(self) -> None:
+        # Zeros rather than None: an expert no token reached still takes its AdamW step (momentum, decay), as
+        # with Megatron's and FSDP's flat gradient buffers, so the update does not depend on routing luck.
+        for p in self.model_params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+
+    def master_grads(self) -> list[torch.Tensor]:
+        """The accumulated gradient of every parameter, in fp32, in ``self.names`` order."""
+        return [p.grad.float() for p in self.model_params]
+
+    def step(self, lr: float) -> float:
+        """Clip the accumulated gradients to ``grad_clip`` and update; returns the PRE-clip global norm.
+
+        A non-finite norm skips the update (as verl does) so one bad batch cannot poison the weights.
+        """
+        if not self.shares_storage:
+            for master, p in zip(self.master, self.model_params):
+                master.grad = p.grad.float()
+        norm = float(torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip))
+        if math.isfinite(norm):
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            if not self.shares_storage:
+                with torch.no_grad():
+                    for master, p in zip(self.master, self.model_params):
+                        p.copy_(master.to(p.dtype))
+        self.zero_grad()
+        return norm
+
+    def master_state(self) -> dict[str, torch.Tensor]:
+        """name -> fp32 master weight; empty when the model's own parameters are the masters."""
+        if self.shares_storage:
+            return {}
+        return {name: m.detach().clone() for name, m in zip(self.names, self.master)}
+
+    def load_master_state(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, master in zip(self.names, self.master):
+                master.copy_(state[name])

@@ -1,0 +1,95 @@
+"""The embedded trainer's full training state on disk, resumable bit for bit.
+
+A state folder holds:
+  config.json             the model's Hugging Face config, so the folder also loads as a plain HF checkpoint
+  model.safetensors       the model's state dict in the trainer's dtype
+  master.safetensors      fp32 master weights (bf16 trainers only; in fp32 the model weights are the masters)
+  optimizer.pt            AdamW's state dict: tensors, numbers and strings only, read with weights_only=True
+  rng.safetensors         torch's CPU RNG state
+  trainer_state.json      step and update counters, dtype, format version
+
+Nothing here is ever unpickled beyond what ``torch.load(weights_only=True)`` allows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from repro.train.base import TrainerError
+
+FORMAT_VERSION = 1
+STATE_FILES = ("config.json", "model.safetensors", "optimizer.pt", "rng.safetensors", "trainer_state.json")
+
+
+def _tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # safetensors refuses views and shared storage; a contiguous copy of each tensor is always accepted.
+    return {name: t.detach().to("cpu").contiguous().clone() for name, t in named.items()}
+
+
+def save_trainer(trainer, directory: str | Path) -> Path:
+    """Write ``trainer``'s state to ``directory`` via a temporary sibling folder renamed into place."""
+    final = Path(directory).resolve()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        trainer.model.config.to_json_file(tmp / "config.json")
+        save_file(_tensors(trainer.model.state_dict()), tmp / "model.safetensors", metadata={"format": "pt"})
+        master = trainer.opt.master_state()
+        if master:
+            save_file(_tensors(master), tmp / "master.safetensors", metadata={"format": "pt"})
+        torch.save(trainer.opt.optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
+        meta = {"format": FORMAT_VERSION, "step": trainer.step, "updates": trainer.updates, "dtype": trainer.dtype_name}
+        (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n")
+        tmp.chmod(0o755)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_trainer(trainer, directory: str | Path) -> None:
+    """Restore a state written by ``save_trainer`` into ``trainer`` (same model architecture and dtype)."""
+    folder = Path(directory)
+    missing = [name for name in STATE_FILES if not (folder / name).is_file()]
+    if missing:
+        raise TrainerError(f"trainer state {folder} lacks {missing}")
+    meta = json.loads((folder / "trainer_state.json").read_text())
+    if meta.get("format") != FORMAT_VERSION:
+        raise TrainerError(f"{folder / 'trainer_state.json'}: format {meta.get('format')}, want {FORMAT_VERSION}")
+    if meta.get("dtype") != trainer.dtype_name:
+        raise TrainerError(
+            f"{folder / 'trainer_state.json'}: saved by a {meta.get('dtype')} trainer, this one is {trainer.dtype_name}"
+        )
+    weights = load_file(folder / "model.safetensors")
+    try:
+        trainer.model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        raise TrainerError(f"{folder / 'model.safetensors'} does not fit the model: {err}") from err
+    master_path = folder / "master.safetensors"
+    if not trainer.opt.shares_storage:
+        if not master_path.is_file():
+            raise TrainerError(f"{master_path} is missing (a {trainer.dtype_name} trainer keeps fp32 masters)")
+        master = load_file(master_path)
+        absent = sorted(set(trainer.opt.names) - set(master))
+        if absent:
+            raise TrainerError(f"{master_path} lacks {absent[:3]}{'...' if len(absent) > 3 else ''}")
+        trainer.opt.load_master_state(master)
+    optimizer_state = torch.load(folder / "optimizer.pt", weights_only=True)
+    try:
+        trainer.opt.optimizer.load_state_dict(optimizer_state)
+    except (ValueError, KeyError) as err:
+        raise TrainerError(f"{folder / 'optimizer.pt'} does not fit the optimizer: {err}") from err
+    torch.set_rng_state(load_file(folder / "rng.safetensors")["torch_cpu"])
+    trainer.step = int(meta["step"])
+    trainer.updates = int(meta["updates"])
+    trainer.opt.zero_grad()
