@@ -35,6 +35,7 @@ from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrection
 from repro.model.routing import RoutingReplay, topk_routers
 from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches
+from repro.train.checks import check_batch
 from repro.train.optimizer import MasterAdamW, warmup_constant_lr
 from repro.train import state as saved_state
 
@@ -151,7 +152,7 @@ class EmbeddedTrainer:
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
         """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response)."""
-        self._check_batch(batch, need_old=False, replay=replay_routing, caller="logprobs")
+        check_batch(batch, self.routers, need_old=False, replay=replay_routing, caller="logprobs")
         logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         entropy = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         start = 0
@@ -243,7 +244,7 @@ class EmbeddedTrainer:
         ``actor/entropy``, ``actor/pg_clipfrac*`` and ``actor/ppo_kl`` are token means over the rows that went
         through a forward (zero-advantage rows are skipped); ``actor/grad_norm`` is the norm before clipping.
         """
-        self._check_batch(batch, need_old=True, replay=self.replay_routing, caller="train_step")
+        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="train_step")
         per_update = []
         for rows in self._update_row_groups(batch):
             stats = self._accumulate_gradients(batch.rows(rows))
@@ -271,45 +272,11 @@ class EmbeddedTrainer:
 
     def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         """name -> fp32 gradient of the first update's loss on ``batch`` (unclipped); weights stay untouched."""
-        self._check_batch(batch, need_old=True, replay=self.replay_routing, caller="gradients")
+        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="gradients")
         self._accumulate_gradients(batch.rows(self._update_row_groups(batch)[0]))
         grads = {name: g.clone() for name, g in zip(self.opt.names, self.opt.master_grads())}
         self.opt.zero_grad()
         return grads
-
-    # ---- checks --------------------------------------------------------------------------------------------
-
-    def _check_batch(self, batch: TrainBatch, *, need_old: bool, replay: bool, caller: str) -> None:
-        if batch.input_ids.dim() != 2:
-            raise TrainerError(f"{caller}: batch.input_ids must be [B, T], got {tuple(batch.input_ids.shape)}")
-        shape = tuple(batch.input_ids.shape)
-        fields = {"targets": batch.targets, "response_mask": batch.response_mask,
-                  "rollout_logprobs": batch.rollout_logprobs}
-        if need_old:
-            if batch.old_logprobs is None:
-                raise TrainerError(
-                    f"{caller}: batch.old_logprobs is None; set it to trainer.logprobs(batch).logprobs "
-                    "(the trainer's recompute before the update) first"
-                )
-            fields["old_logprobs"] = batch.old_logprobs
-        for name, tensor in fields.items():
-            if tuple(tensor.shape) != shape:
-                raise TrainerError(f"{caller}: batch.{name} is {tuple(tensor.shape)}, want {shape} like input_ids")
-        if tuple(batch.advantages.shape) != shape[:1]:
-            raise TrainerError(f"{caller}: batch.advantages is {tuple(batch.advantages.shape)}, want [{shape[0]}]")
-        if not replay:
-            return
-        if batch.routing is None:
-            raise TrainerError(
-                f"{caller}: routing replay asked for, but batch.routing is None (build the batch with "
-                "with_routing=True from a rollout that records routing, or turn replay off)"
-            )
-        for layer, router in self.routers.items():
-            table = batch.routing.get(layer)
-            want = (*shape, router.top_k)
-            if table is None or tuple(table.shape) != want:
-                got = None if table is None else tuple(table.shape)
-                raise TrainerError(f"{caller}: batch.routing[{layer}] is {got}, want {want} ([B, T, top_k])")
 
     # ---- weights and state ---------------------------------------------------------------------------------
 

@@ -4,11 +4,13 @@ A state folder holds:
   config.json             the model's Hugging Face config, so the folder also loads as a plain HF checkpoint
   model.safetensors       the model's state dict in the trainer's dtype
   master.safetensors      fp32 master weights (bf16 trainers only; in fp32 the model weights are the masters)
-  optimizer.pt            AdamW's state dict: tensors, numbers and strings only, read with weights_only=True
+  optimizer.safetensors   AdamW's per-parameter state tensors, keyed ``<param index>.<field>``
+  optimizer.json          AdamW's hyper-parameter groups
   rng.safetensors         torch's CPU RNG state
   trainer_state.json      step and update counters, dtype, format version
 
-Nothing here is ever unpickled beyond what ``torch.load(weights_only=True)`` allows.
+Nothing is pickled, so the folder also passes the checkpoint loader's no-pickle rule and nothing in it can
+run code when read.
 """
 
 from __future__ import annotations
@@ -24,12 +26,31 @@ from safetensors.torch import load_file, save_file
 from repro.train.base import TrainerError
 
 FORMAT_VERSION = 1
-STATE_FILES = ("config.json", "model.safetensors", "optimizer.pt", "rng.safetensors", "trainer_state.json")
+STATE_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.safetensors",
+               "trainer_state.json")
 
 
 def _tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # safetensors refuses views and shared storage; a contiguous copy of each tensor is always accepted.
     return {name: t.detach().to("cpu").contiguous().clone() for name, t in named.items()}
+
+
+def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    state = optimizer.state_dict()
+    tensors = {f"{index}.{key}": value for index, fields in state["state"].items() for key, value in fields.items()}
+    save_file(_tensors(tensors), folder / "optimizer.safetensors")
+    (folder / "optimizer.json").write_text(json.dumps(state["param_groups"], indent=2) + "\n")
+
+
+def _load_optimizer(folder: Path) -> dict:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in load_file(folder / "optimizer.safetensors").items():
+        index, field = key.split(".", 1)
+        state.setdefault(int(index), {})[field] = value
+    groups = json.loads((folder / "optimizer.json").read_text())
+    for group in groups:
+        group["betas"] = tuple(group["betas"])  # JSON has no tuples; AdamW stores betas as one
+    return {"state": state, "param_groups": groups}
 
 
 def save_trainer(trainer, directory: str | Path) -> Path:
@@ -43,7 +64,7 @@ def save_trainer(trainer, directory: str | Path) -> Path:
         master = trainer.opt.master_state()
         if master:
             save_file(_tensors(master), tmp / "master.safetensors", metadata={"format": "pt"})
-        torch.save(trainer.opt.optimizer.state_dict(), tmp / "optimizer.pt")
+        _save_optimizer(trainer.opt.optimizer, tmp)
         save_file({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
         meta = {"format": FORMAT_VERSION, "step": trainer.step, "updates": trainer.updates, "dtype": trainer.dtype_name}
         (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -84,11 +105,10 @@ def load_trainer(trainer, directory: str | Path) -> None:
         if absent:
             raise TrainerError(f"{master_path} lacks {absent[:3]}{'...' if len(absent) > 3 else ''}")
         trainer.opt.load_master_state(master)
-    optimizer_state = torch.load(folder / "optimizer.pt", weights_only=True)
     try:
-        trainer.opt.optimizer.load_state_dict(optimizer_state)
+        trainer.opt.optimizer.load_state_dict(_load_optimizer(folder))
     except (ValueError, KeyError) as err:
-        raise TrainerError(f"{folder / 'optimizer.pt'} does not fit the optimizer: {err}") from err
+        raise TrainerError(f"{folder / 'optimizer.safetensors'} does not fit the optimizer: {err}") from err
     torch.set_rng_state(load_file(folder / "rng.safetensors")["torch_cpu"])
     trainer.step = int(meta["step"])
     trainer.updates = int(meta["updates"])

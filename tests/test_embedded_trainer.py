@@ -1,0 +1,90 @@
+"""What only the embedded trainer has: recipe wiring, the bf16 master-weight path, its state folder, warm-up."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from repro.config import AlgorithmConfig, OptimConfig
+from repro.model.tiny import build_tiny_model
+from repro.recipes import load_recipe
+from repro.train.base import TrainerError
+from repro.train.embedded import EmbeddedTrainer
+from repro.train.optimizer import warmup_constant_lr
+from test_trainer_contract import make_batch, one_thread, with_old_logprobs  # noqa: F401 (fixture)
+
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.0)
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    return build_tiny_model(seed=0)
+
+
+def test_state_folder_loads_as_a_checkpoint_through_from_recipe(base_model, tmp_path):
+    trainer = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8)
+    trainer.save(tmp_path / "state")
+    recipe = load_recipe("tiny-cpu")
+    loaded = EmbeddedTrainer.from_recipe(recipe, model_dir=tmp_path / "state")
+    assert loaded.temperature == recipe.rollout.temperature
+    assert loaded.optim.lr == recipe.optim.lr and loaded.max_tokens == recipe.actor.max_tokens_per_micro_batch
+    assert loaded.replay_routing and loaded.dtype == torch.float32
+    batch = make_batch(base_model)
+    # Same weights (HF's loader lays some tensors out differently, so not bit-identical).
+    torch.testing.assert_close(loaded.logprobs(batch).logprobs, trainer.logprobs(batch).logprobs, rtol=0, atol=1e-5)
+
+
+def test_bf16_trains_on_fp32_masters_and_resumes_bit_identically(base_model, tmp_path):
+    batch = make_batch(base_model)
+    fp32 = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8)
+    bf16 = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, dtype="bf16")
+    gap = (bf16.logprobs(batch).logprobs - fp32.logprobs(batch).logprobs).abs().max()
+    assert 0 < float(gap) < 0.05
+    bf16.train_step(with_old_logprobs(bf16, batch))
+    weights = dict(bf16.named_weights())
+    assert weights["lm_head.weight"].dtype == torch.bfloat16
+    assert weights["model.layers.0.mlp.gate.tid2eid"].dtype == torch.int64  # integer buffers keep their dtype
+    bf16.save(tmp_path / "state")
+    assert (tmp_path / "state" / "master.safetensors").is_file()
+    expected = bf16.train_step(batch)
+    resumed = EmbeddedTrainer(build_tiny_model(seed=4), optim=OPTIM, temperature=0.8, dtype="bf16")
+    resumed.load(tmp_path / "state")
+    assert resumed.train_step(batch) == expected
+
+
+def test_load_refuses_a_mismatched_or_incomplete_state(base_model, tmp_path):
+    EmbeddedTrainer(copy.deepcopy(base_model), dtype="bf16").save(tmp_path / "state")
+    with pytest.raises(TrainerError, match="bf16"):
+        EmbeddedTrainer(copy.deepcopy(base_model)).load(tmp_path / "state")
+    (tmp_path / "state" / "optimizer.safetensors").unlink()
+    with pytest.raises(TrainerError, match="optimizer.safetensors"):
+        EmbeddedTrainer(copy.deepcopy(base_model), dtype="bf16").load(tmp_path / "state")
+    meta = json.loads((tmp_path / "state" / "trainer_state.json").read_text())
+    assert meta["step"] == 0 and meta["dtype"] == "bf16"
+
+
+def test_updates_per_step_splits_the_batch_into_updates(base_model):
+    batch = make_batch(base_model)
+    trainer = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8,
+                              algorithm=AlgorithmConfig(updates_per_step=2))
+    metrics = trainer.train_step(with_old_logprobs(trainer, batch))
+    assert trainer.step == 1 and trainer.updates == 2
+    assert metrics["actor/num_rows_skipped_zero_adv"] == 4  # rows 4-7, all in the second update
+    with pytest.raises(TrainerError, match="updates_per_step"):
+        EmbeddedTrainer(copy.deepcopy(base_model), algorithm=AlgorithmConfig(updates_per_step=9)).train_step(batch)
+
+
+def test_unsupported_settings_are_refused(base_model):
+    with pytest.raises(TrainerError, match="kl_coef"):
+        EmbeddedTrainer(copy.deepcopy(base_model), algorithm=AlgorithmConfig(kl_coef=0.1))
+    with pytest.raises(TrainerError, match="dtype"):
+        EmbeddedTrainer(copy.deepcopy(base_model), dtype="fp16")
+
+
+def test_warmup_ramps_linearly_then_holds():
+    optim = OptimConfig(lr=1e-4, warmup_steps=4)
+    assert [warmup_constant_lr(optim, k) for k in range(6)] == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4])
+    assert warmup_constant_lr(OptimConfig(lr=1e-4), 0) == 1e-4
