@@ -1,0 +1,37 @@
+"""`repro warmstart`: deterministic SFT warm start of the tiny DeepSeek-V4 on tiny-math, stopped on accuracy."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from repro.model.warmstart import WarmStartConfig
+
+DEFAULTS = WarmStartConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="checkpoint folder to write; <out>.sha256 is written beside it")
+    parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    parser.add_argument("--target-accuracy", type=float, default=DEFAULTS.target_accuracy,
+                        help="stop at the first evaluation whose avg@8 (T=0.8) reaches this")
+    parser.add_argument("--max-steps", type=int, default=DEFAULTS.max_steps)
+    parser.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    parser.add_argument("--eval-every", type=int, default=DEFAULTS.eval_every)
+    parser.add_argument("--threads", type=int, default=DEFAULTS.threads,
+                        help="torch threads, pinned for bit-identical results")
+    parser.add_argument("--no-hashes", action="store_true", help="do not write <out>.sha256")
+
+
+def run(args: argparse.Namespace) -> int:
+    from repro.model.warmstart_io import run_and_save
+
+    config = WarmStartConfig(
+        seed=args.seed, target_accuracy=args.target_accuracy, max_steps=args.max_steps, lr=args.lr,
+        batch_size=args.batch_size, eval_every=args.eval_every, threads=args.threads,
+    )
+    command = "python -m repro warmstart " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["warmstart"] else sys.argv[1:])
+    run_and_save(config, args.out, command=command, record=not args.no_hashes)
+    return 0

@@ -1,0 +1,59 @@
+"""Run the warm start, measure it, and write the checkpoint with its provenance (``warmstart.json``) and hashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+import transformers
+
+from repro.data.tinymath import held_out_problems, train_problems
+from repro.model.assets import record_hashes
+from repro.model.checkpoint import save_checkpoint
+from repro.model.evaluate import ROLLOUT_TEMPERATURE, SAMPLES_PER_PROBLEM, sampled_accuracy
+from repro.model.tiny import parameter_count
+from repro.model.warmstart import WarmStartConfig, config_dict, warm_start
+
+FINAL_TRAIN_PROBLEMS = 256  # the final report's training-distribution sample (eval slice uses another order)
+FINAL_EVAL_SEED = 12345
+
+
+def final_accuracies(model, tokenizer, seed: int) -> dict:
+    """avg@8 at T=0.8 on 256 training problems (a fresh order) and on the 30 held-out carry/borrow problems."""
+    train = train_problems(seed=seed + 2)[:FINAL_TRAIN_PROBLEMS]
+    result = {}
+    for name, problems in (("train", train), ("held_out", held_out_problems())):
+        acc = sampled_accuracy(model, tokenizer, problems, seed=FINAL_EVAL_SEED)
+        result[name] = {"avg@8": acc.accuracy, "problems": acc.n_problems, "ended_with_eos": acc.ended_with_eos}
+    return result
+
+
+def run_and_save(config: WarmStartConfig, out: str | Path, command: str, log=print, record: bool = True) -> dict:
+    """Warm start with ``config``, then write ``out`` (checkpoint + warmstart.json) and ``<out>.sha256``."""
+    result = warm_start(config, log=log)
+    accuracies = final_accuracies(result.model, result.tokenizer, config.seed)
+    log(
+        f"done in {result.wall_s:.0f} s after {result.steps} steps: avg@8 train {accuracies['train']['avg@8']:.3f}, "
+        f"held-out {accuracies['held_out']['avg@8']:.3f}"
+    )
+    provenance = {
+        "command": command,
+        "config": config_dict(config),
+        "parameters": parameter_count(result.model),
+        "steps": result.steps,
+        "reached_target": result.reached_target,
+        "train_wall_s": round(result.wall_s, 1),
+        "load_average_at_end": list(os.getloadavg()),
+        "accuracy_T0.8": {"temperature": ROLLOUT_TEMPERATURE, "samples": SAMPLES_PER_PROBLEM, **accuracies},
+        "history": result.history,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+    }
+    folder = save_checkpoint(
+        result.model, result.tokenizer, out, extra_files={"warmstart.json": json.dumps(provenance, indent=1) + "\n"}
+    )
+    if record:
+        log(f"hashes recorded in {record_hashes(folder)}")
+    return provenance
