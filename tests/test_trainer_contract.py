@@ -1,7 +1,8 @@
 """Contract every trainer backend must meet, run here against the embedded CPU trainer.
 
-Another backend runs the same tests by overriding the ``trainer_factory`` fixture (a callable
-``(model, **settings) -> Trainer`` taking the keyword settings used below). Batches are fixed token sequences
+Another backend runs the same tests from its own module: ``from test_trainer_contract import *`` and a
+``trainer_factory`` fixture defined there (a callable ``(model, **settings) -> Trainer`` taking the keyword
+settings used below), which takes precedence over this module's. Batches are fixed token sequences
 scored by the tiny DeepSeek-V4 itself, with routing recorded from the model's own routers on the full batch
 and rollout log-probs = the model's own perturbed by seeded noise (a stand-in for the FP8 mismatch), so TIS
 weights take values on both sides of the cap.

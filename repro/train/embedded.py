@@ -178,12 +178,11 @@ class EmbeddedTrainer:
         total_tokens = int(keep.sum())
         total_rows = int(keep.any(dim=1).sum())
         if total_tokens == 0:
-            stats.rows_skipped = batch.num_rows
             return stats
-        forwarded = keep.any(dim=1)
+        forwarded = keep.any(dim=1)  # rows with no kept token (all rejected, or no response) add nothing either
         if self.skip_zero_advantage_rows:
+            stats.rows_skipped = int((forwarded & (batch.advantages == 0)).sum())
             forwarded &= batch.advantages != 0
-        stats.rows_skipped = batch.num_rows - int(forwarded.sum())
         if not forwarded.any():
             return stats
         mode = self.algorithm.loss_agg_mode
