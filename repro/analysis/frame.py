@@ -1,0 +1,128 @@
+"""A run's metrics as two pandas frames (train rows by step, eval rows by step) plus its recipe.
+
+Column names are our own log keys (see repro/steps.py: ``reward/accuracy``, ``rollout_corr/kl``,
+``timing_s/step``, ``eval/avg@8`` ...); the importers map W&B and verl/LumenRL exports onto the same names, so
+every summary, comparison and figure reads one vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from repro.config import Recipe
+from repro.errors import ReproError
+
+METRICS_FILE = "metrics.jsonl"
+RECIPE_FILE = "recipe.yaml"
+
+# The canonical names the analysis reads; anything else in a log is kept as it is.
+ACCURACY = "reward/accuracy"
+SCORE = "critic/score/mean"
+THROUGHPUT = "perf/rollout_tokens_per_s"
+KL = "rollout_corr/kl"
+ESS = "rollout_corr/rollout_is_eff_sample_size"
+STEP_SECONDS = "timing_s/step"
+EVAL_SECONDS = "timing_s/eval"
+CORRECT_COUNTS = "eval/correct_counts"
+SAMPLES_PER_PROBLEM = "eval/samples_per_problem"
+
+
+class MetricsError(ReproError, ValueError):
+    """A metrics log or export is missing, empty, corrupt, or lacks a column the analysis needs."""
+
+
+@dataclass
+class RunFrames:
+    """train: one row per optimizer step, index ``step``. eval: one row per evaluation, index ``step``.
+    recipe: the run's resolved recipe, or None for an imported export (no recipe travels with it)."""
+
+    train: pd.DataFrame
+    eval: pd.DataFrame
+    recipe: Recipe | None
+    source: Path
+
+    @property
+    def avg_key(self) -> str | None:
+        """The eval accuracy column, ``eval/avg@k`` for whatever k the run used."""
+        keys = [c for c in self.eval.columns if c.startswith("eval/avg@")]
+        return keys[0] if keys else None
+
+    def require(self, column: str, frame: str = "train") -> pd.Series:
+        table = self.train if frame == "train" else self.eval
+        if column not in table.columns:
+            raise MetricsError(f"{self.source}: no column {column!r} in the {frame} rows")
+        return table[column].dropna()
+
+
+def frames_from_rows(rows: list[dict], source: Path, recipe: Recipe | None = None) -> RunFrames:
+    """Split rows by ``kind`` into step-indexed frames. A step logged twice keeps its last row (a resumed run
+    whose log was not truncated repeats steps; the later row is the one the run continued from)."""
+    train = [r for r in rows if r.get("kind", "train") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not train:
+        raise MetricsError(f"{source}: no training rows (kind 'train') in the log")
+    return RunFrames(_by_step(train, source), _by_step(evals, source), recipe, Path(source))
+
+
+def _by_step(rows: list[dict], source: Path) -> pd.DataFrame:
+    if not rows:
+        return pd.DataFrame(index=pd.Index([], name="step", dtype="int64"))
+    if any("step" not in r for r in rows):
+        raise MetricsError(f"{source}: a row has no 'step'")
+    table = pd.DataFrame(rows).drop(columns=["kind"], errors="ignore")
+    table["step"] = table["step"].astype("int64")
+    table = table.drop_duplicates("step", keep="last").set_index("step").sort_index()
+    return table
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL log. A torn last line (a run killed mid-write) is dropped, as the run itself does; a bad
+    line anywhere else is corruption and is reported with its line number."""
+    if not path.is_file():
+        raise MetricsError(f"{path}: metrics log not found")
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise MetricsError(f"{path}:{number}: corrupt line ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise MetricsError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    if not rows:
+        raise MetricsError(f"{path}: metrics log is empty")
+    return rows
+
+
+def read_recipe(path: Path) -> Recipe:
+    from repro.recipes import validate_recipe
+
+    if not path.is_file():
+        raise MetricsError(f"{path}: recipe not found (a run dir holds the resolved recipe.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise MetricsError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise MetricsError(f"{path}: expected a recipe mapping")
+    return validate_recipe(data, source=str(path))
+
+
+def load_run(run_dir: str | Path) -> RunFrames:
+    """The frames of a run dir written by ``repro run`` (metrics.jsonl + recipe.yaml)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise MetricsError(f"{run_dir}: run directory not found")
+    path = run_dir / METRICS_FILE
+    recipe = read_recipe(run_dir / RECIPE_FILE)
+    return frames_from_rows(read_jsonl(path), path, recipe)
