@@ -1,0 +1,146 @@
+"""Start or join Ray for a recipe.
+
+``cluster.ray_address: null`` starts a local instance sized for the recipe's placement plan; ``"auto"`` or
+``host:port`` joins a running cluster (``ray start --head`` on the AMD cluster's first node).
+
+Token authentication (Ray 2.60 turns it on for every new ``ray.init()`` instance when ``RAY_AUTH_MODE`` is
+unset, writing a token to ``~/.ray/auth_token``). Both modes were tried here: ``disabled`` and the default token
+mode each start and run tasks. We start local instances with ``RAY_AUTH_MODE=disabled`` unless the user set the
+variable, because the token mode writes into the user's home and every later ``ray``/``repro`` process must
+then find that token; an explicit ``RAY_AUTH_MODE=token`` is respected. Note that Ray refuses a loopback node
+address and its servers listen on all interfaces, so on a shared network prefer ``RAY_AUTH_MODE=token``.
+Joining never changes the mode: a cluster started with tokens needs ``RAY_AUTH_MODE=token`` plus
+``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH`` in the driver's environment, as Ray documents.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from repro.cluster import ClusterError
+
+if TYPE_CHECKING:
+    from repro.config import Recipe
+
+# Environment of a local instance we start; setdefault, so the user's explicit choice wins.
+LOCAL_INSTANCE_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+# The tiny recipe ships ~9 MB of weights through the object store per sync; Ray's default (30% of RAM)
+# would claim ~7 GB of /dev/shm on a shared laptop.
+LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
+JOIN_PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class RayInfo:
+    address: str  # GCS address of the instance this driver is connected to
+    started_local: bool  # True when ensure_ray started it (shutdown_ray then stops it)
+    num_cpus: float
+    num_gpus: float
+    connect_s: float  # seconds ensure_ray took (0 when already connected)
+
+
+_current: RayInfo | None = None
+
+
+def ensure_ray(recipe: "Recipe") -> RayInfo:
+    """Connect this process to Ray as the recipe says; a second call returns the first connection."""
+    global _current
+    import ray
+
+    if ray.is_initialized():
+        if _current is None:  # someone else (a test, a notebook) connected: adopt it, never stop it
+            _current = _describe(started_local=False, connect_s=0.0)
+        return _current
+    started = time.perf_counter()
+    address = recipe.cluster.ray_address
+    if address is None:
+        _start_local(recipe)
+    else:
+        _join(address)
+    _current = _describe(started_local=address is None, connect_s=time.perf_counter() - started)
+    return _current
+
+
+def shutdown_ray() -> None:
+    """Disconnect (and stop the local instance if we started it); safe to call when not connected."""
+    global _current
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _current = None
+
+
+def local_num_cpus(recipe: "Recipe") -> int:
+    """CPUs a local instance offers: exactly what the placement plan reserves, at least 1."""
+    from repro.cluster.placement import plan_placement
+
+    needed = sum(b.get("CPU", 0) for g in plan_placement(recipe).groups for b in g.bundles)
+    return max(1, math.ceil(needed))
+
+
+def _start_local(recipe: "Recipe") -> None:
+    import ray
+
+    for key, value in LOCAL_INSTANCE_ENV.items():
+        os.environ.setdefault(key, value)
+    cpu_mode = recipe.cluster.gpus_per_node == 0
+    try:
+        ray.init(
+            address="local",  # a new instance even if another one on this machine would be auto-detected
+            # CPU mode offers exactly the plan's CPUs (Ray pre-starts a worker per CPU: more only costs RAM)
+            # and no GPUs; a GPU recipe on one local box lets Ray detect what it has.
+            num_cpus=local_num_cpus(recipe) if cpu_mode else None,
+            num_gpus=0 if cpu_mode else None,
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace="repro",
+        )
+    except Exception as err:  # Ray raises many types here; the user needs the one line
+        raise ClusterError(f"cluster.ray_address: null: could not start a local Ray instance: {err}") from err
+
+
+def _join(address: str) -> None:
+    import ray
+
+    if address != "auto":
+        _probe(address)
+    try:
+        ray.init(address=address, log_to_driver=False, namespace="repro")
+    except Exception as err:
+        hint = ""
+        if "auth" in str(err).lower() or "token" in str(err).lower():
+            hint = " (token auth: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH as on the cluster)"
+        raise ClusterError(f"cluster.ray_address: could not join the Ray cluster at {address!r}: {err}{hint}") from err
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds on an unreachable GCS: ray.init retries a dead address for minutes."""
+    bare = address.removeprefix("ray://").removeprefix("http://")
+    host, _, port = bare.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"cluster.ray_address: {address!r} is not 'auto', null, or host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=JOIN_PROBE_TIMEOUT_S).close()
+    except OSError as err:
+        raise ClusterError(
+            f"cluster.ray_address: could not join the Ray cluster at {address!r}: nothing answers there ({err}); "
+            "is `ray start --head` running on that node?"
+        ) from None
+
+
+def _describe(started_local: bool, connect_s: float) -> RayInfo:
+    import ray
+
+    resources = ray.cluster_resources()
+    address = ray.get_runtime_context().gcs_address
+    return RayInfo(address, started_local, resources.get("CPU", 0.0), resources.get("GPU", 0.0), connect_s)

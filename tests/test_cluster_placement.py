@@ -1,0 +1,197 @@
+"""repro.cluster: the pure placement plan, the AMD layout on a simulated 3 x 8-GPU Ray cluster, the tiny
+recipe on a local instance, and named errors for unplaceable groups, unreachable clusters and dead workers.
+
+Ray starts slowly on 2 busy cores (~15-25 s a cluster), so each cluster is shared by one test class and
+torn down with it; the two never run at once.
+"""
+
+import dataclasses
+import os
+import sys
+import time
+
+# Before Ray is imported anywhere: no token file in ~/.ray, no usage report, and no idle worker per
+# logical CPU (the simulated nodes advertise 40 CPUs they do not have).
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
+import pytest  # noqa: E402
+
+from repro.cluster import ClusterError  # noqa: E402
+from repro.cluster.placement import (  # noqa: E402
+    ROLLOUT,
+    TRAINER,
+    PlacementError,
+    create_placement_groups,
+    format_placement_table,
+    plan_placement,
+    placement_table,
+)
+from repro.recipes import load_recipe  # noqa: E402
+
+AMD = "amd-dsv4-flash-mi308x"
+TINY = "tiny-cpu"
+
+
+# -- (a) the pure plan -------------------------------------------------------------------------------------
+def test_amd_plan_is_two_trainer_nodes_of_eight_and_one_rollout_node():
+    plan = plan_placement(load_recipe(AMD))
+    trainer, rollout = plan.group(TRAINER), plan.group(ROLLOUT)
+    assert [g.name for g in plan.groups] == [TRAINER, ROLLOUT]
+    assert trainer.bundles == tuple({"GPU": 1, "CPU": 4} for _ in range(16))
+    assert (trainer.strategy, trainer.nodes, trainer.bundles_per_slice) == ("STRICT_PACK", 2, 8)
+    assert len(trainer.slices) == 2 and trainer.distinct_slice_nodes
+    assert rollout.bundles == ({"GPU": 8, "CPU": 8},)
+    assert (rollout.strategy, rollout.nodes, rollout.avoid_groups) == ("STRICT_PACK", 1, (TRAINER,))
+    assert trainer.totals() == {"GPU": 16, "CPU": 64}
+
+
+def test_tiny_plan_is_one_cpu_bundle_per_group():
+    plan = plan_placement(load_recipe(TINY))
+    trainer, rollout = plan.group(TRAINER), plan.group(ROLLOUT)
+    assert trainer.bundles == ({"CPU": 1},) and rollout.bundles == ({"CPU": 1},)
+    assert trainer.nodes == rollout.nodes == 1
+    assert rollout.avoid_groups == () and not trainer.distinct_slice_nodes
+    assert "trainer: 1 x {'CPU': 1}" in plan.describe()
+
+
+def test_plan_rejects_workers_that_do_not_split_over_nodes():
+    recipe = load_recipe(AMD)
+    uneven = recipe.model_copy(update={"actor": recipe.actor.model_copy(update={"num_workers": 12, "nodes": 5})})
+    with pytest.raises(PlacementError, match="actor.num_workers: 12 workers do not split evenly over actor.nodes=5"):
+        plan_placement(uneven)
+
+
+def test_joining_an_unreachable_address_names_it_quickly():
+    from repro.cluster.runtime import ensure_ray
+
+    recipe = load_recipe(AMD, overrides=["cluster.ray_address=127.0.0.1:1"])
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"could not join the Ray cluster at '127.0.0.1:1'"):
+        ensure_ray(recipe)
+    assert time.monotonic() - started < 10
+
+
+# -- (b, c) the AMD layout on a simulated 3-node cluster with logical GPUs ---------------------------------
+class TestSimulatedAmdCluster:
+    @pytest.fixture(scope="class")
+    def amd_cluster(self):
+        import ray
+        from ray.cluster_utils import Cluster
+
+        from repro.cluster.runtime import ensure_ray, shutdown_ray
+
+        started = time.perf_counter()
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 40, "num_gpus": 8, "include_dashboard": False})
+        for _ in range(2):
+            cluster.add_node(num_cpus=40, num_gpus=8)
+        recipe = load_recipe(AMD, overrides=[f"cluster.ray_address={cluster.address}"])
+        try:
+            info = ensure_ray(recipe)
+            print(f"\nsimulated 3-node cluster up and joined in {time.perf_counter() - started:.1f} s")
+            assert not info.started_local
+            yield recipe
+        finally:
+            shutdown_ray()
+            cluster.shutdown()
+            assert not ray.is_initialized()
+
+    def test_amd_layout_puts_trainer_on_two_full_nodes_and_rollout_on_the_third(self, amd_cluster):
+        import ray
+
+        assert ray.cluster_resources()["GPU"] == 24
+        placed = create_placement_groups(plan_placement(amd_cluster), timeout_s=60)
+        try:
+            rows = placement_table(placed)
+            print("\n" + format_placement_table(rows))
+            trainer_nodes = [r.node_id for r in rows if r.group == TRAINER]
+            rollout_nodes = {r.node_id for r in rows if r.group == ROLLOUT}
+            assert len(trainer_nodes) == 16
+            assert sorted(trainer_nodes.count(n) for n in set(trainer_nodes)) == [8, 8]
+            assert len(rollout_nodes) == 1 and not rollout_nodes & set(trainer_nodes)
+            # ranks 0-7 share a node, 8-15 share the other: Megatron's TP groups stay inside a node
+            assert len(set(trainer_nodes[:8])) == 1 and len(set(trainer_nodes[8:])) == 1
+            assert [r.resources for r in rows if r.group == ROLLOUT] == [{"GPU": 8.0, "CPU": 8.0}]
+        finally:
+            placed.remove()
+
+    def test_unplaceable_trainer_fails_within_timeout_naming_group_and_resources(self, amd_cluster):
+        import ray
+
+        plan = plan_placement(amd_cluster)
+        trainer = dataclasses.replace(
+            plan.group(TRAINER), bundles=tuple({"GPU": 1, "CPU": 4} for _ in range(32)), bundles_per_slice=16
+        )
+        too_big = dataclasses.replace(plan, groups=(trainer, plan.group(ROLLOUT)))
+        started = time.monotonic()
+        with pytest.raises(PlacementError) as caught:
+            create_placement_groups(too_big, timeout_s=3)
+        assert time.monotonic() - started < 15
+        message = str(caught.value)
+        assert message.startswith("trainer group could not be placed within 3 s: slice 1 of 2")
+        assert "16 bundle(s) of {'GPU': 1, 'CPU': 4} STRICT_PACK" in message
+        assert "asks 32 bundles (GPU: 32, CPU: 128)" in message
+        assert "ray.cluster_resources() offers {GPU: 24, CPU: 120}" in message
+        deadline = time.monotonic() + 10  # the failed slice is removed: every GPU is free again
+        while ray.available_resources().get("GPU", 0) < 24 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("GPU", 0) == 24
+
+
+# -- (d, e) the tiny recipe on a local instance ------------------------------------------------------------
+class Echo:
+    """A stand-in backend: cheap to build, says where it runs."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def add(self, a, b):
+        return f"{self.tag}:{a + b}"
+
+
+class TestLocalTinyInstance:
+    @pytest.fixture(scope="class")
+    def tiny_placed(self):
+        import ray
+        import ray.cloudpickle
+
+        from repro.cluster.runtime import ensure_ray, shutdown_ray
+
+        # Echo lives in this test module, which Ray's workers cannot import: ship it by value
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        recipe = load_recipe(TINY)
+        try:
+            info = ensure_ray(recipe)
+            print(f"\nlocal Ray instance for {TINY} started in {info.connect_s:.1f} s")
+            assert info.started_local and info.num_cpus == 2 and info.num_gpus == 0
+            assert ensure_ray(recipe) is info  # idempotent
+            placed = create_placement_groups(plan_placement(recipe), timeout_s=60)
+            yield placed
+        finally:
+            shutdown_ray()
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+            assert not ray.is_initialized()
+
+    def test_an_actor_in_each_bundle_answers(self, tiny_placed):
+        from repro.cluster.actors import call, start_worker, stop_workers, where
+
+        workers = [start_worker(tiny_placed, g, 0, Echo, args=(g,)) for g in (TRAINER, ROLLOUT)]
+        try:
+            assert [call(w, "add", 2, 3, timeout_s=60) for w in workers] == ["trainer:5", "rollout:5"]
+            assert [where(w)["name"] for w in workers] == ["trainer worker 0", "rollout worker 0"]
+            with pytest.raises(ClusterError, match="rollout worker 0: backend Echo has no method 'generate'"):
+                call(workers[1], "generate", timeout_s=60)
+        finally:
+            stop_workers(workers)
+
+    def test_a_killed_worker_raises_an_error_naming_it(self, tiny_placed):
+        import ray
+
+        from repro.cluster.actors import WorkerDiedError, call, start_worker
+
+        worker = start_worker(tiny_placed, ROLLOUT, 0, "collections:Counter", kwargs={"a": 1})
+        assert call(worker, "total", timeout_s=60) == 1  # a "module:attr" factory resolves in the worker
+        ray.kill(worker.actor, no_restart=True)
+        with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 died during generate: "):
+            call(worker, "generate", [[1, 2]], timeout_s=60)
