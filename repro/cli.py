@@ -11,11 +11,14 @@ import sys
 
 # name -> (module, one-line help). Modules are imported lazily so `repro --help` stays fast.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "repro": ("repro.commands.pipeline", "the main job (make repro): warm start if needed, the run, figures, comparison"),
     "recipe": ("repro.commands.recipe", "validate a recipe and print it resolved"),
     "data": ("repro.commands.data", "write the tiny-math train/held-out sets in the DAPO parquet layout"),
     "build-tiny": ("repro.commands.build_tiny", "build the tiny DeepSeek-V4 checkpoint + tokenizer (random init, seeded)"),
     "warmstart": ("repro.commands.warmstart", "SFT warm start of the tiny DeepSeek-V4 on tiny-math"),
     "convert": ("repro.commands.convert", "convert a BF16 HF checkpoint to block-wise FP8 (e4m3fn / e4m3fnuz)"),
+    "run": ("repro.commands.run", "the RL run of a recipe on Ray (--resume continues from the newest checkpoint)"),
+    "smoke": ("repro.commands.smoke", "3 optimizer steps of a recipe: the setup check before a long run"),
 }
 
 

@@ -1,0 +1,18 @@
+"""`repro smoke`: 3 optimizer steps of a recipe, as AMD's post smoke-tests the setup before the long run."""
+
+from repro.commands import run as run_command
+
+SMOKE_STEPS = 3
+
+
+def add_arguments(parser):
+    run_command.add_arguments(parser, default_steps=SMOKE_STEPS)
+
+
+def run(args) -> int:
+    if args.run_dir is None:
+        from repro.recipes import load_recipe
+
+        args.run_dir = f"runs/{load_recipe(args.recipe).name}-smoke"
+    run_command.execute(args)
+    return 0
