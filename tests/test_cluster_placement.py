@@ -82,10 +82,13 @@ class TestSimulatedAmdCluster:
 
         from repro.cluster.runtime import ensure_ray, shutdown_ray
 
+        # no log monitor (log_to_driver is off anyway) and no autoscaler monitor: 4 fewer Python processes
+        lean = {"include_log_monitor": False}
         started = time.perf_counter()
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 40, "num_gpus": 8, "include_dashboard": False})
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 40, "num_gpus": 8, "include_dashboard": False, "no_monitor": True, **lean})
         for _ in range(2):
-            cluster.add_node(num_cpus=40, num_gpus=8)
+            cluster.add_node(num_cpus=40, num_gpus=8, **lean)
         recipe = load_recipe(AMD, overrides=[f"cluster.ray_address={cluster.address}"])
         try:
             info = ensure_ray(recipe)
@@ -115,6 +118,26 @@ class TestSimulatedAmdCluster:
             assert [r.resources for r in rows if r.group == ROLLOUT] == [{"GPU": 8.0, "CPU": 8.0}]
         finally:
             placed.remove()
+
+    def test_half_size_slices_stay_apart_when_capacity_alone_would_let_them_share(self, amd_cluster):
+        # 4-GPU trainer slices and a TP4 rollout: two slices fit on one node, and something else already
+        # holds 4 GPUs on two nodes, so only the node-id selectors keep the three apart.
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        blocker = placement_group([{"GPU": 4}] * 2, strategy="STRICT_SPREAD")
+        assert blocker.wait(30)
+        half = load_recipe(AMD, overrides=[f"cluster.ray_address={amd_cluster.cluster.ray_address}", "actor.num_workers=8",
+                                           "actor.tensor_parallel=2", "actor.expert_parallel=2", "rollout.tensor_parallel=4"])
+        placed = create_placement_groups(plan_placement(half), timeout_s=30)
+        try:
+            rows = placement_table(placed)
+            trainer = [r.node_id for r in rows if r.group == TRAINER]
+            rollout = {r.node_id for r in rows if r.group == ROLLOUT}
+            assert len(set(trainer[:4])) == len(set(trainer[4:])) == 1 and trainer[0] != trainer[4]
+            assert len(rollout) == 1 and not rollout & set(trainer)
+        finally:
+            placed.remove()
+            remove_placement_group(blocker)
 
     def test_unplaceable_trainer_fails_within_timeout_naming_group_and_resources(self, amd_cluster):
         import ray

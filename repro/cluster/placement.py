@@ -174,7 +174,12 @@ def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> Pl
                 list(bundles), strategy=group.strategy, name=f"repro-{group.name}-{index}", bundle_label_selector=selector
             )
             placed.slices[group.name].append(pg)
-            if not pg.wait(max(0.0, deadline - time.monotonic())):
+            try:
+                ready = pg.wait(max(0.0, deadline - time.monotonic()))
+            except BaseException:  # Ctrl-C while waiting: give the reserved slices back
+                placed.remove()
+                raise
+            if not ready:
                 message = _unplaceable(group, index, taken, timeout_s)
                 placed.remove()
                 raise PlacementError(message)
