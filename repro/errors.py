@@ -11,3 +11,7 @@ class RecipeError(ReproError, ValueError):
 
 class DataError(ReproError, ValueError):
     """A dataset file or row is malformed."""
+
+
+class CheckpointError(ReproError, ValueError):
+    """A checkpoint folder, file or tensor is missing, malformed, or fails FP8 verification."""

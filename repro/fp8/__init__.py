@@ -1,0 +1,37 @@
+"""Block-wise FP8 for the rollout side: BF16 weights -> e4m3fn / e4m3fnuz with 128×128 fp32 block scales.
+
+Modules, in reading order:
+- quant.py   pure tensor functions: quantise/dequantise a [..., N, K] tensor, formats, vLLM's fn->fnuz rule
+- rules.py   which tensors are quantised and why (`decide`), listable as a table
+- stream.py  (name, tensor) iterator in, converted pairs out: shared by checkpoint conversion and weight sync
+- verify.py  error bound (derived there), per-tensor stats, tables, histogram, independent checkpoint check
+- st.py      streaming safetensors reader/writer
+- convert.py checkpoint folder -> FP8 folder: validation, shards in parallel, atomic output, resume
+- tiny.py    a tiny genuine DeepSeek-V4 BF16 checkpoint for the notebook and tests
+"""
+
+from repro.fp8.convert import ConversionResult, ConvertOptions, convert_checkpoint, plan_table
+from repro.fp8.quant import FORMATS, dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block
+from repro.fp8.rules import decide, decision_table
+from repro.fp8.stream import fn_to_fnuz_tensors, quantize_tensors
+from repro.fp8.verify import error_histogram, load_tensor, rel_error_bound, stats_table, verify_checkpoint
+
+__all__ = [
+    "FORMATS",
+    "ConversionResult",
+    "ConvertOptions",
+    "convert_checkpoint",
+    "decide",
+    "decision_table",
+    "dequantize_block",
+    "e4m3fn_to_e4m3fnuz",
+    "error_histogram",
+    "fn_to_fnuz_tensors",
+    "load_tensor",
+    "plan_table",
+    "quantize_block",
+    "quantize_tensors",
+    "rel_error_bound",
+    "stats_table",
+    "verify_checkpoint",
+]

@@ -1,0 +1,403 @@
+"""Convert an HF-layout BF16 checkpoint folder to block-wise FP8, one shard at a time.
+
+    result = convert_checkpoint("ckpt-bf16", "ckpt-fp8", ConvertOptions(fmt="e4m3fnuz", workers=4))
+
+What it guarantees:
+- Everything that can be checked before writing is checked first (config is a causal LM, every shard named
+  by the index exists, every shard's header is sound, every dtype is expected), so bad input fails with an
+  error naming the file and tensor and leaves no output folder.
+- Shards are streamed: a tensor is read, converted (`repro.fp8.stream.quantize_tensors`, checked against the
+  error bound) and written before the next is read, so memory is bounded by the largest tensor (plus
+  cache-sized scratch), not by the shard or the model. `workers` converts shards in parallel processes.
+- The output is built in `<output>.partial` and renamed to `<output>` only when complete. Each finished
+  shard is fsync'd and gets a done-marker (`.done/<shard>.json`: input size/mtime, output sha256, stats);
+  a re-run with the same options skips shards whose marker and output still match, and a run that fails on
+  bad input removes `<output>.partial`.
+- An e4m3fn FP8 checkpoint given with fmt="e4m3fnuz" is converted by vLLM's ROCm rule instead.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import repro
+from repro.errors import CheckpointError
+from repro.fp8.quant import BLOCK_SIZE, FP8Format, get_format
+from repro.fp8.rules import decide
+from repro.fp8.st import StreamingWriter, TensorInfo, file_sha256, read_header, read_tensor
+from repro.fp8.stream import check_input_dtype, fn_to_fnuz_tensors, planned_outputs, quantize_tensors
+from repro.fp8.verify import TensorStats, stats_table, summarise
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+REPORT = "fp8_conversion.json"
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".index.json")
+QUANTISE, FN_TO_FNUZ = "quantise", "fn->fnuz"
+
+
+@dataclass
+class ConvertOptions:
+    fmt: str = "e4m3fn"  # or "e4m3fnuz" (MI300/MI308X)
+    pow2_scale: bool = False  # UE8M0 scales, rounded up to a power of two
+    workers: int = 1  # shards converted in parallel processes
+    max_rel_error: float | None = None  # per-tensor failure threshold; None = the theoretical bound
+    fsync: bool = True  # fsync each shard before marking it done
+    overwrite: bool = False  # replace an existing output folder
+    progress: bool = True  # tqdm bar over input bytes
+    block_size: int = BLOCK_SIZE
+
+
+@dataclass
+class ConversionResult:
+    output_dir: Path
+    mode: str
+    stats: list[TensorStats]
+    input_bytes: int  # bytes of the input shards
+    output_bytes: int  # bytes of the output shards
+    seconds: float
+    shards: int
+    shards_resumed: int
+    peak_rss_bytes: int  # max over this process and the worker processes
+    peak_rss_self_bytes: int
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.input_bytes / max(self.seconds, 1e-9) / 1e9
+
+    def table(self):
+        return stats_table(self.stats)
+
+
+@dataclass
+class _Shard:
+    name: str
+    src: str
+    tensors: list[TensorInfo]
+    outputs: list[tuple[str, torch.dtype, tuple]]
+    fingerprint: dict
+
+
+def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions | None = None) -> ConversionResult:
+    opts = options or ConvertOptions()
+    start = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    fmt = get_format(opts.fmt)
+    config, mode = read_config(src, fmt)
+    shards = plan_shards(src, fmt, mode, opts.block_size)
+    if dst.exists() and not opts.overwrite:
+        raise CheckpointError(f"{dst}: output folder exists (pass overwrite / --overwrite to replace it)")
+    tmp = dst.with_name(dst.name + ".partial")
+    _prepare_partial(tmp, {"repro": repro.__version__, "mode": mode, "fmt": fmt.name, "pow2_scale": opts.pow2_scale,
+                           "block_size": opts.block_size, "max_rel_error": opts.max_rel_error, "src": str(src.resolve())})
+    markers, todo = {}, []
+    for sh in shards:
+        marker = _valid_marker(tmp, sh)
+        if marker:
+            markers[sh.name] = marker
+        else:
+            todo.append(sh)
+    total = sum(sh.fingerprint["size"] for sh in shards)
+    try:
+        markers.update(_run(todo, tmp, mode, fmt, opts, total, total - sum(sh.fingerprint["size"] for sh in todo)))
+    except CheckpointError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    stats = [TensorStats.from_dict(d) for sh in shards for d in markers[sh.name]["stats"]]
+    _finalize(src, dst, tmp, config, shards, fmt, mode, opts, stats)
+    usage_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return ConversionResult(
+        output_dir=dst, mode=mode, stats=stats, input_bytes=total,
+        output_bytes=sum(markers[sh.name]["output"]["size"] for sh in shards),
+        seconds=time.perf_counter() - start, shards=len(shards), shards_resumed=len(shards) - len(todo),
+        peak_rss_bytes=max(usage_self, usage_children), peak_rss_self_bytes=usage_self,
+        summary=summarise(stats_table(stats)),
+    )
+
+
+def read_config(src: Path, fmt: FP8Format) -> tuple[dict, str]:
+    """config.json of a causal LM; the mode is fn->fnuz for an FP8 checkpoint asked to become e4m3fnuz."""
+    path = src / CONFIG
+    if not src.is_dir():
+        raise CheckpointError(f"{src}: not a checkpoint folder")
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (an HF checkpoint folder has a config.json)") from None
+    except ValueError as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    archs = config.get("architectures") or []
+    if not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        if archs or not _is_causal_model_type(config.get("model_type")):
+            raise CheckpointError(
+                f"{path}: not a causal LM (architectures={archs}, model_type={config.get('model_type')!r}); "
+                "expected e.g. DeepseekV4ForCausalLM"
+            )
+    qc = config.get("quantization_config")
+    if not qc:
+        return config, QUANTISE
+    if fmt.name == "e4m3fnuz" and qc.get("quant_method") == "fp8" and qc.get("fmt", "e4m3") == "e4m3":
+        return config, FN_TO_FNUZ
+    raise CheckpointError(
+        f"{path}: checkpoint is already quantised ({qc.get('quant_method')}, {qc.get('fmt')}); the input must be "
+        "BF16, or e4m3fn FP8 with format e4m3fnuz"
+    )
+
+
+def _is_causal_model_type(model_type) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def shard_files(src: Path) -> list[Path]:
+    """The shards: those the index names (each must exist), else every *.safetensors in the folder."""
+    index = src / INDEX
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"{index}: corrupt index ({err!r})") from None
+        for name in names:
+            if not (src / name).is_file():
+                raise CheckpointError(f"{src / name}: missing shard named in {index}")
+        return [src / n for n in names]
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{src}: no *.safetensors files")
+    return files
+
+
+def plan_shards(src: Path, fmt: FP8Format, mode: str, block_size: int = BLOCK_SIZE) -> list[_Shard]:
+    """Read every shard header and decide every output tensor, failing on anything unexpected."""
+    index = src / INDEX
+    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
+    shards, seen = [], {}
+    for path in shard_files(src):
+        infos, _ = read_header(path)
+        outputs = []
+        for info in infos:
+            if info.name in seen:
+                raise CheckpointError(f"{path}: tensor {info.name} also in {seen[info.name]}")
+            seen[info.name] = path.name
+            if mode == QUANTISE:
+                check_input_dtype(info.name, info.dtype, decide(info.name, info.shape, info.dtype), str(path))
+                outputs += planned_outputs(info.name, info.shape, info.dtype, fmt, block_size=block_size)
+            else:
+                if info.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz):
+                    raise CheckpointError(f"{path}: tensor {info.name}: unexpected dtype {info.dtype} in an e4m3fn checkpoint")
+                dtype = fmt.dtype if info.dtype == torch.float8_e4m3fn else info.dtype
+                outputs.append((info.name, dtype, info.shape))
+        st = path.stat()
+        shards.append(_Shard(path.name, str(path), infos, outputs, {"size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+    if weight_map is not None:
+        for name, shard in weight_map.items():
+            if seen.get(name) != shard:
+                raise CheckpointError(f"{index}: tensor {name} is listed in {shard} but not found there")
+    return shards
+
+
+def plan_table(src: str | Path):
+    """Every tensor of a checkpoint with its decision (fp8 or keep) and the reason, as a DataFrame."""
+    from repro.fp8.rules import decision_table
+
+    src = Path(src)
+    rows = []
+    for path in shard_files(src):
+        infos, _ = read_header(path)
+        rows += [(t.name, t.shape, t.dtype) for t in infos]
+    return decision_table(sorted(rows))
+
+
+# ---------------------------------------------------------------------------------------------- running
+_progress = None  # callable(nbytes) in this process, or a queue in a worker process
+
+
+def _init_worker(queue, threads: int) -> None:
+    global _progress
+    _progress = queue.put
+    torch.set_num_threads(threads)
+
+
+def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions) -> dict:
+    """Convert one shard into `tmp`, fsync it, write its done-marker; returns the marker."""
+    tmp_dir = Path(tmp)
+    out_partial = tmp_dir / (sh.name + ".incomplete")
+    stats: list[TensorStats] = []
+    writer = StreamingWriter(out_partial, sh.outputs)
+    try:
+        with open(sh.src, "rb") as f:
+            if _progress:
+                _progress(sh.fingerprint["size"] - sum(t.nbytes for t in sh.tensors))  # header bytes
+
+            def items():
+                for info in sh.tensors:
+                    yield info.name, read_tensor(f, info, sh.src)
+                    if _progress:
+                        _progress(info.nbytes)
+
+            if mode == QUANTISE:
+                converted = quantize_tensors(
+                    items(), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
+                    max_rel_error=opts.max_rel_error, on_stats=stats.append, where=sh.src,
+                )
+            else:
+                converted = fn_to_fnuz_tensors(items(), on_stats=stats.append, where=sh.src)
+            for name, tensor in converted:
+                writer.write(name, tensor)
+        sha = writer.close(fsync=opts.fsync)
+    except BaseException:
+        writer.abort()
+        raise
+    out = tmp_dir / sh.name
+    os.replace(out_partial, out)
+    for s in stats:
+        s.shard = sh.name
+    marker = {
+        "shard": sh.name,
+        "input": sh.fingerprint,
+        "output": {"size": out.stat().st_size, "sha256": sha},
+        "stats": [s.to_dict() for s in stats],
+    }
+    _write_json_atomic(tmp_dir / ".done" / f"{sh.name}.json", marker)
+    return marker
+
+
+def _run(todo: list[_Shard], tmp: Path, mode: str, fmt: FP8Format, opts: ConvertOptions, total: int, already: int) -> dict:
+    global _progress
+    from tqdm.auto import tqdm
+
+    markers: dict = {}
+    todo = sorted(todo, key=lambda sh: -sh.fingerprint["size"])  # largest first balances the workers
+    bar = tqdm(total=total, initial=already, unit="B", unit_scale=True, unit_divisor=1024,
+               desc=f"fp8 {fmt.name}", disable=not opts.progress)
+    try:
+        workers = min(max(1, opts.workers), len(todo))
+        if workers <= 1:
+            _progress = bar.update
+            for sh in todo:
+                markers[sh.name] = _convert_shard(sh, str(tmp), mode, fmt.name, opts)
+            return markers
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(queue, threads)) as pool:
+            pending = {pool.submit(_convert_shard, sh, str(tmp), mode, fmt.name, opts) for sh in todo}
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    _drain(queue, bar)
+                    for fut in done:
+                        marker = fut.result()
+                        markers[marker["shard"]] = marker
+            except BaseException:
+                for fut in pending:
+                    fut.cancel()
+                raise
+        _drain(queue, bar)
+        return markers
+    finally:
+        _progress = None
+        bar.close()
+
+
+def _drain(queue, bar) -> None:
+    import queue as queue_mod
+
+    while True:
+        try:
+            bar.update(queue.get_nowait())
+        except queue_mod.Empty:
+            return
+
+
+# ------------------------------------------------------------------------------- partial folder, markers
+def _prepare_partial(tmp: Path, run_key: dict) -> None:
+    """Create `tmp`, or keep it for resuming if it was started with the same options; else start afresh."""
+    run_file = tmp / ".run.json"
+    if tmp.exists():
+        try:
+            same = json.loads(run_file.read_text()) == run_key
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            shutil.rmtree(tmp)
+    (tmp / ".done").mkdir(parents=True, exist_ok=True)
+    if not run_file.exists():
+        _write_json_atomic(run_file, run_key)
+
+
+def _valid_marker(tmp: Path, sh: _Shard) -> dict | None:
+    """The shard's done-marker if its input is unchanged and its output is intact (size and sha256)."""
+    path = tmp / ".done" / f"{sh.name}.json"
+    try:
+        marker = json.loads(path.read_text())
+        out = tmp / sh.name
+        if (marker["input"] == sh.fingerprint and out.stat().st_size == marker["output"]["size"]
+                and file_sha256(out) == marker["output"]["sha256"]):
+            return marker
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    path.unlink(missing_ok=True)
+    return None
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    part = path.with_name(path.name + ".tmp")
+    part.write_text(json.dumps(obj, indent=1))
+    os.replace(part, path)
+
+
+def quantization_config(fmt: FP8Format, pow2_scale: bool, block_size: int = BLOCK_SIZE) -> dict:
+    """config.json's `quantization_config` (DeepSeek-V3 convention)."""
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+          "weight_block_size": [block_size, block_size]}
+    if pow2_scale:
+        qc["scale_fmt"] = "ue8m0"  # DeepSeek-V3.1+/V4 spelling for power-of-two scales
+    if fmt.name == "e4m3fnuz":
+        # Not read by vLLM (which loads e4m3fn and converts on ROCm itself): marks tensors stored as fnuz.
+        qc["fp8_dtype"] = "float8_e4m3fnuz"
+    return qc
+
+
+def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[_Shard], fmt: FP8Format, mode: str,
+              opts: ConvertOptions, stats: list[TensorStats]) -> None:
+    weight_map = {name: sh.name for sh in shards for name, _, _ in sh.outputs}
+    total_size = sum(
+        int(torch.Size(shape).numel()) * dtype.itemsize for sh in shards for _, dtype, shape in sh.outputs
+    )
+    _write_json_atomic(tmp / INDEX, {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))})
+    qc = quantization_config(fmt, opts.pow2_scale, opts.block_size)
+    if mode == FN_TO_FNUZ:
+        qc = {**config["quantization_config"], "fp8_dtype": "float8_e4m3fnuz"}
+    _write_json_atomic(tmp / CONFIG, {**config, "quantization_config": qc})
+    for path in src.iterdir():  # tokenizer, generation config, chat template, licence...
+        if path.is_file() and path.name != CONFIG and not path.name.startswith(".") and not path.name.endswith(_WEIGHT_FILES):
+            shutil.copy2(path, tmp / path.name)
+    report = {"source": str(src.resolve()), "mode": mode, "options": asdict(opts), "format": fmt.name,
+              "summary": summarise(stats_table(stats)), "tensors": [s.to_dict() for s in stats]}
+    _write_json_atomic(tmp / REPORT, report)
+    shutil.rmtree(tmp / ".done")
+    (tmp / ".run.json").unlink()
+    if dst.exists():  # overwrite: move the old one aside only now that the new one is complete
+        old = dst.with_name(dst.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dst, old)
+        os.rename(tmp, dst)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, dst)

@@ -1,0 +1,175 @@
+"""Minimal safetensors reader and streaming writer, so a shard is read one tensor at a time and written as
+it is converted, without mmap (mmap'd pages count in RSS) and with errors that name the file and tensor.
+
+Format (https://github.com/huggingface/safetensors): 8-byte little-endian header length n, n bytes of JSON
+`{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}` (offsets relative to the byte
+after the header), then the tensor bytes, contiguous and in offset order. Files written here load with the
+`safetensors` library (tests check it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from repro.errors import CheckpointError
+
+DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute position of the first byte in the file
+    nbytes: int
+
+
+def read_header(path: str | Path) -> tuple[list[TensorInfo], dict]:
+    """Tensors of a .safetensors file in file order, and its __metadata__. Raises CheckpointError naming the
+    file (and tensor) for a missing, truncated or corrupt file."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise CheckpointError(
+                    f"{path}: corrupt or truncated safetensors file (header length {n} > {size - 8} bytes left)"
+                )
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not a JSON object")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({err})") from None
+    metadata = header.pop("__metadata__", None) or {}
+    base = 8 + n
+    infos = []
+    for name, entry in header.items():
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{path}: tensor {name}: corrupt header entry {entry!r} ({err!r})") from None
+        nbytes = math.prod(shape) * dtype.itemsize
+        if end - begin != nbytes or begin < 0 or any(d < 0 for d in shape):
+            raise CheckpointError(
+                f"{path}: tensor {name}: corrupt header, offsets {begin}..{end} do not hold "
+                f"{entry['dtype']}{list(shape)} ({nbytes} bytes)"
+            )
+        infos.append(TensorInfo(name, dtype, shape, base + begin, nbytes))
+    infos.sort(key=lambda t: t.offset)
+    expected = base
+    for t in infos:
+        if t.offset != expected:
+            raise CheckpointError(f"{path}: tensor {t.name}: corrupt header, data not contiguous at byte {t.offset}")
+        expected += t.nbytes
+    if expected != size:
+        what = "truncated" if expected > size else "corrupt (trailing bytes)"
+        last = infos[-1].name if infos else "-"
+        raise CheckpointError(f"{path}: {what} safetensors file: header needs {expected} bytes "
+                              f"(last tensor {last}), file has {size}")
+    return infos, metadata
+
+
+def read_tensor(f, info: TensorInfo, path: str | Path = "") -> torch.Tensor:
+    """Read one tensor from an open binary file into fresh memory."""
+    buf = torch.empty(info.nbytes, dtype=torch.uint8)
+    f.seek(info.offset)
+    got = f.readinto(buf.numpy()) if info.nbytes else 0
+    if got != info.nbytes:
+        raise CheckpointError(f"{path}: tensor {info.name}: truncated while reading ({got} of {info.nbytes} bytes)")
+    return buf.view(info.dtype).reshape(info.shape)
+
+
+class StreamingWriter:
+    """Writes a .safetensors file whose header (names, dtypes, shapes) is known before the data.
+
+    `write(name, tensor)` must be called in the planned order; the file is hashed (sha256) as it is written.
+    """
+
+    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None):
+        self.path = Path(path)
+        self._plan = plan
+        self._next = 0
+        header: dict = {"__metadata__": {"format": "pt", **(metadata or {})}}
+        offset = 0
+        for name, dtype, shape in plan:
+            nbytes = math.prod(shape) * dtype.itemsize
+            header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self._file = open(self.path, "wb")
+        self.sha256 = hashlib.sha256()
+        self._put(struct.pack("<Q", len(raw)) + raw)
+        self.size = 8 + len(raw) + offset
+
+    def _put(self, data) -> None:
+        self._file.write(data)
+        self.sha256.update(data)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if self._next >= len(self._plan):
+            raise RuntimeError(f"{self.path}: unexpected extra tensor {name}")
+        want = self._plan[self._next]
+        got = (name, tensor.dtype, tuple(tensor.shape))
+        if got != want:
+            raise RuntimeError(f"{self.path}: tensor out of plan: got {got}, expected {want}")
+        self._next += 1
+        if tensor.numel():
+            self._put(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+    def close(self, fsync: bool = True) -> str:
+        """Finish the file; returns its sha256 hex digest."""
+        if self._next != len(self._plan):
+            raise RuntimeError(f"{self.path}: only {self._next} of {len(self._plan)} tensors written")
+        self._file.flush()
+        if fsync:
+            os.fsync(self._file.fileno())
+        self._file.close()
+        return self.sha256.hexdigest()
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+def file_sha256(path: str | Path, chunk: int = 16 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

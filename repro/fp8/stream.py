@@ -1,0 +1,133 @@
+"""Name-aware conversion of a stream of (name, tensor) pairs: the one function that both the checkpoint
+converter (a shard at a time) and the weight sync after each RL update (a bucket at a time) call.
+
+    for name, t in quantize_tensors(model.state_dict().items(), "e4m3fnuz"):
+        ...  # FP8 weights followed by their `*_scale_inv`; everything else unchanged
+
+Every quantised tensor is checked as it passes: NaN/Inf in, NaN out, or an error above the threshold
+(default: the theoretical bound in repro.fp8.verify) raises CheckpointError naming the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+
+from repro.errors import CheckpointError
+from repro.fp8.quant import (
+    BLOCK_SIZE,
+    FP8Format,
+    NonFiniteInputError,
+    e4m3fn_to_e4m3fnuz,
+    get_format,
+    quantize_block_with_error,
+)
+from repro.fp8.rules import Decision, decide, scale_name, scale_shape
+from repro.fp8.verify import TensorStats, check_stats, rel_error_bound
+
+HIGH_PRECISION = (torch.bfloat16, torch.float16, torch.float32)
+INTEGER_TABLES = (torch.int32, torch.int64)
+
+Rule = Callable[[str, tuple, torch.dtype], Decision]
+
+
+def check_input_dtype(name: str, dtype: torch.dtype, decision: Decision, where: str = "") -> None:
+    """A high-precision checkpoint holds bf16/fp16/fp32 tensors and integer tables; anything else is refused."""
+    allowed = HIGH_PRECISION if decision.quantise else HIGH_PRECISION + INTEGER_TABLES + (torch.bool,)
+    if dtype not in allowed:
+        prefix = f"{where}: " if where else ""
+        raise CheckpointError(
+            f"{prefix}tensor {name}: unexpected dtype {str(dtype).removeprefix('torch.')} "
+            f"(expected {'/'.join(str(d).removeprefix('torch.') for d in allowed)})"
+        )
+
+
+def planned_outputs(name: str, shape: tuple, dtype: torch.dtype, fmt: FP8Format, rule: Rule = decide,
+                    block_size: int = BLOCK_SIZE) -> list[tuple[str, torch.dtype, tuple]]:
+    """What `quantize_tensors` yields for one input tensor, known from its metadata alone."""
+    if rule(name, shape, dtype).quantise:
+        return [(name, fmt.dtype, tuple(shape)), (scale_name(name), torch.float32, scale_shape(shape, block_size))]
+    return [(name, dtype, tuple(shape))]
+
+
+def quantize_tensors(
+    items: Iterable[tuple[str, torch.Tensor]],
+    fmt: str | FP8Format = "e4m3fn",
+    *,
+    pow2_scale: bool = False,
+    block_size: int = BLOCK_SIZE,
+    rule: Rule = decide,
+    max_rel_error: float | None = None,
+    on_stats: Callable[[TensorStats], None] | None = None,
+    where: str = "",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """BF16 (name, tensor) pairs in, checkpoint-ready pairs out.
+
+    A tensor that `rule` quantises yields (name, fp8) then (`scale_name(name)`, fp32 block scales); any other
+    tensor is yielded unchanged. `on_stats` receives a TensorStats per input tensor (error figures for the FP8
+    ones). `where` (e.g. the shard path) prefixes error messages.
+    """
+    fmt = get_format(fmt)
+    limit = rel_error_bound(fmt, pow2_scale, block_size) if max_rel_error is None else max_rel_error
+    prefix = f"{where}: " if where else ""
+    for name, t in items:
+        shape = tuple(t.shape)
+        decision = rule(name, shape, t.dtype)
+        check_input_dtype(name, t.dtype, decision, where)
+        stats = TensorStats(
+            name=name, shape=shape, dtype=str(t.dtype).removeprefix("torch."),
+            action="fp8" if decision.quantise else "keep", reason=decision.reason,
+            numel=t.numel(), bytes_in=t.numel() * t.dtype.itemsize, bytes_out=t.numel() * t.dtype.itemsize,
+        )
+        if not decision.quantise:
+            if t.is_floating_point() and t.numel() and not _all_finite(t):
+                raise CheckpointError(f"{prefix}tensor {name}: holds NaN or Inf")
+            if on_stats:
+                on_stats(stats)
+            yield name, t
+            continue
+        try:
+            q, s, err = quantize_block_with_error(t, fmt, block_size=block_size, pow2_scale=pow2_scale)
+        except NonFiniteInputError:
+            raise CheckpointError(f"{prefix}tensor {name}: holds NaN or Inf") from None
+        stats.bytes_out = q.numel() + s.numel() * 4
+        stats.rel_error, stats.max_abs_error, stats.max_abs = err.rel_error, err.max_abs_err, err.max_abs_ref
+        check_stats(stats, limit, fmt, pow2_scale, fp8_nan=err.fp8_nan, where=where)
+        if on_stats:
+            on_stats(stats)
+        yield name, q
+        yield scale_name(name), s
+
+
+def fn_to_fnuz_tensors(
+    items: Iterable[tuple[str, torch.Tensor]],
+    *,
+    on_stats: Callable[[TensorStats], None] | None = None,
+    where: str = "",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """An e4m3fn checkpoint's pairs -> e4m3fnuz, by vLLM's rule (`e4m3fn_to_e4m3fnuz`).
+
+    Weights and their scales are converted independently (they may sit in different shards): fp8 weights get
+    the -128 -> 0 fix and are reinterpreted, `*_scale_inv` / `*input_scale` tensors are doubled, the rest passes.
+    """
+    one = torch.ones(())
+    for name, t in items:
+        action, reason, dtype_in = "keep", "not FP8", str(t.dtype).removeprefix("torch.")
+        if t.dtype == torch.float8_e4m3fn:
+            t, _, _ = e4m3fn_to_e4m3fnuz(t, one)
+            action, reason = "fn->fnuz", "bit pattern -128 -> 0, reinterpreted as e4m3fnuz"
+        elif name.endswith(("_scale_inv", "input_scale")):
+            _, t, _ = e4m3fn_to_e4m3fnuz(torch.empty(0, dtype=torch.float8_e4m3fn), t)
+            action, reason = "fn->fnuz", "scale doubled (fnuz bits mean half the fn value)"
+        if on_stats:
+            n = t.numel() * t.dtype.itemsize
+            on_stats(TensorStats(name=name, shape=tuple(t.shape), dtype=dtype_in,
+                                 action=action, reason=reason, numel=t.numel(), bytes_in=n, bytes_out=n))
+        yield name, t
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    # amax/amin propagate NaN and expose ±Inf, without a bool tensor the size of t
+    flat = t.reshape(-1)
+    return bool(torch.isfinite(flat.amax())) and bool(torch.isfinite(flat.amin()))
