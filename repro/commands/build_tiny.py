@@ -11,6 +11,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save is noise in a CLI log
     from repro.model.checkpoint import save_checkpoint
     from repro.model.tiny import build_tiny_model, parameter_count
     from repro.model.tokenizer import build_tiny_tokenizer

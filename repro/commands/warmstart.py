@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save is noise in a CLI log
     from repro.model.warmstart_io import run_and_save
 
     config = WarmStartConfig(
