@@ -1,0 +1,457 @@
+"""`repro check`: is this machine (or Ray cluster) ready for a recipe? Pure checks over gathered facts.
+
+Each check is a function ``(recipe, facts) -> CheckResult`` that reads only its arguments, so every PASS /
+WARN / FAIL / SKIP can be tested with hand-made ``Facts``. ``repro.cluster.facts.gather_facts`` collects the
+facts on the real machine (Ray, torch, rocminfo/amd-smi, /sys/class/infiniband, the environment, disks);
+``check_cluster`` does both. In CPU mode (``cluster.gpus_per_node: 0``, the tiny recipe) the accelerator
+checks say SKIP instead of failing: nothing there needs a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from repro.cluster.pins import cluster_pins
+
+if TYPE_CHECKING:
+    from repro.config import Recipe
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+CPU_MODE_SKIP = "CPU mode: the tiny recipe needs no accelerator"
+
+# FP8 encodings by architecture: MI300-class (gfx942, incl. MI308X) computes in e4m3fnuz (max 240);
+# MI350-class (gfx950) and NVIDIA (Hopper/Blackwell) in OCP e4m3fn (max 448).
+FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+# Environment variables RCCL/NCCL read for the network; reported as found, some checked.
+NCCL_VARS = (
+    "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_IB_DISABLE",
+    "NCCL_DEBUG", "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME", "RCCL_MSCCL_ENABLE", "HSA_FORCE_FINE_GRAIN_PCIE",
+)
+OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master (4) + Adam m (4) + Adam v (4)
+RAM_WARN_FRACTION = 0.8  # above this share of host RAM the offloaded optimizer leaves too little for the rest
+DISK_WARN_MARGIN = 1.1
+
+
+@dataclass
+class NodeFacts:
+    node_id: str
+    ip: str
+    gpus: float
+    cpus: float
+    accelerator_type: str | None = None  # Ray's accelerator_type:* resource (e.g. "AMD-Instinct-MI300X-OAM")
+
+
+@dataclass
+class Facts:
+    """What ``gather_facts`` found. None means "could not be determined here"."""
+
+    ray_address: str | None = None  # the address tried ('auto', host:port, or None for a local instance)
+    ray_reachable: bool = False
+    ray_error: str | None = None
+    ray_started_local: bool = False
+    nodes: list[NodeFacts] = field(default_factory=list)
+    accelerator: str = "none"  # "rocm", "cuda" or "none": what torch on this host sees
+    device_count: int = 0
+    device_name: str | None = None
+    arch: str | None = None  # "gfx942", "gfx950", "sm_90", ...
+    arch_source: str | None = None  # where arch came from (torch, rocminfo, amd-smi)
+    versions: dict[str, str | None] = field(default_factory=dict)  # torch, rocm, cuda, vllm, megatron-core
+    rdma_devices: list[str] = field(default_factory=list)
+    rdma_source: str | None = None  # "/sys/class/infiniband", "ibv_devices" or None (neither present)
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    disk_path: str = "."
+    disk_free_bytes: int | None = None
+    host_ram_bytes: int | None = None
+    shm_total_bytes: int | None = None
+    shm_free_bytes: int | None = None
+    ray_local_deferred: bool = False  # ray_address null: not started by the check (the run starts its own)
+    ray_version: str | None = None
+    model_staged: bool = False  # model.path already exists (so it already occupies /dev/shm if it lives there)
+
+    @property
+    def total_gpus(self) -> float:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def total_cpus(self) -> float:
+        return sum(n.cpus for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+Check = Callable[["Recipe", Facts], CheckResult]
+
+
+def cpu_mode(recipe: "Recipe") -> bool:
+    return recipe.cluster.gpus_per_node == 0
+
+
+def expected_gpus(recipe: "Recipe") -> int:
+    return recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+
+
+def fp8_format_for(accelerator: str, arch: str | None) -> str | None:
+    """The FP8 encoding the hardware computes in; None when the architecture is unknown."""
+    if accelerator == "cuda":
+        return "e4m3fn"
+    if accelerator == "rocm" and arch:
+        return "e4m3fnuz" if arch.split(":")[0] in FNUZ_ARCHS else "e4m3fn"
+    return None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
+
+
+def _skip(name: str, why: str = CPU_MODE_SKIP) -> CheckResult:
+    return CheckResult(name, SKIP, f"SKIP ({why})" if why == CPU_MODE_SKIP else why)
+
+
+# -- the checks ------------------------------------------------------------------------------------------
+def check_ray(recipe: "Recipe", facts: Facts) -> CheckResult:
+    where = "a local instance" if recipe.cluster.ray_address is None else f"cluster.ray_address={recipe.cluster.ray_address!r}"
+    if not facts.ray_reachable:
+        if recipe.cluster.ray_address is None:
+            fix = "see the error; `ray start --head` by hand shows Ray's own log"
+        else:
+            fix = ("start Ray on every node (`ray start --head` on the first, `ray start --address=<head-ip>:6379` "
+                   "on the others) and run this on a node of that cluster, or set cluster.ray_address to the head's host:port")
+        return CheckResult("ray", FAIL, f"Ray not reachable via {where}: {facts.ray_error or 'unknown error'}", fix)
+    mode = " (CPU mode)" if cpu_mode(recipe) else ""
+    if facts.ray_local_deferred:
+        return CheckResult("ray", PASS, f"ray {facts.ray_version} installed; cluster.ray_address is null, so the run starts "
+                                        f"its own local instance (not started by this check; --start-ray does): this host "
+                                        f"offers {facts.total_cpus:g} CPUs, {facts.total_gpus:g} GPUs{mode}")
+    how = "started a local instance" if facts.ray_started_local else f"joined {facts.ray_address}"
+    return CheckResult("ray", PASS, f"{how}: {len(facts.nodes)} node(s), {facts.total_cpus:g} CPUs, "
+                                    f"{facts.total_gpus:g} GPUs{mode}")
+
+
+def check_gpu_count(recipe: "Recipe", facts: Facts) -> CheckResult:
+    if cpu_mode(recipe):
+        return _skip("gpu_count")
+    need = expected_gpus(recipe)
+    if not facts.ray_reachable:
+        return CheckResult("gpu_count", FAIL, f"0 of {need} GPUs: Ray is not reachable, so no GPU is visible to the run "
+                                              f"(`ray status` should report {need} GPUs)",
+                           "fix the ray check first")
+    have = facts.total_gpus
+    if have < need:
+        return CheckResult("gpu_count", FAIL,
+                           f"Ray reports {have:g} GPUs, the recipe needs {need} "
+                           f"({recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node})",
+                           "join the missing nodes (`ray start --address=<head-ip>:6379 --num-gpus=8`) or check that "
+                           "each node's GPUs are visible (HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES unset)")
+    if have > need:
+        return CheckResult("gpu_count", WARN, f"Ray reports {have:g} GPUs, the recipe uses {need}: {have - need:g} stay idle",
+                           "nothing to fix unless other jobs need them")
+    return CheckResult("gpu_count", PASS, f"Ray reports {have:g} GPUs = {recipe.cluster.num_nodes} x {recipe.cluster.gpus_per_node}")
+
+
+def check_nodes(recipe: "Recipe", facts: Facts) -> CheckResult:
+    if not facts.ray_reachable:
+        return CheckResult("nodes", FAIL, "no nodes: Ray is not reachable", "fix the ray check first")
+    if cpu_mode(recipe):
+        from repro.cluster.placement import plan_placement
+
+        need = sum(b.get("CPU", 0) for g in plan_placement(recipe).groups for b in g.bundles)
+        if facts.total_cpus < need:
+            return CheckResult("nodes", FAIL, f"Ray offers {facts.total_cpus:g} CPUs, the plan needs {need:g}",
+                               "free CPUs or start Ray with more --num-cpus")
+        return CheckResult("nodes", PASS, f"CPU mode: {len(facts.nodes)} node(s), {facts.total_cpus:g} CPUs "
+                                          f"for {need:g} one-CPU workers")
+    per_node = recipe.cluster.gpus_per_node
+    full = [n for n in facts.nodes if n.gpus >= per_node]
+    layout = ", ".join(f"{n.ip}: {n.gpus:g} GPU" for n in facts.nodes) or "none"
+    if len(full) < recipe.cluster.num_nodes:
+        return CheckResult("nodes", FAIL,
+                           f"{len(full)} node(s) with >= {per_node} GPUs, the recipe needs {recipe.cluster.num_nodes} "
+                           f"(trainer on {recipe.actor.nodes}, rollout on the rest); nodes: {layout}",
+                           "every node must offer all its GPUs to Ray: the trainer packs 8 ranks per node and the "
+                           "TP8 rollout needs a whole node")
+    return CheckResult("nodes", PASS, f"{len(full)} node(s) with >= {per_node} GPUs each: {layout}")
+
+
+def check_accelerator(recipe: "Recipe", facts: Facts) -> CheckResult:
+    if cpu_mode(recipe):
+        return _skip("accelerator")
+    want = recipe.cluster.accelerator
+    seen = f"{facts.device_count} x {facts.device_name or '?'} ({facts.arch or 'arch unknown'})"
+    if facts.accelerator == "none":
+        return CheckResult("accelerator", FAIL, f"no {want.upper()} GPU visible to torch on this host "
+                                                 f"(torch {facts.versions.get('torch') or '?'})",
+                           f"run on a node of the cluster with the {want.upper()} build of torch"
+                           + (f" ({cluster_pins()['torch']}+rocm{cluster_pins()['rocm']})" if want == "rocm" else ""))
+    if facts.accelerator != want:
+        return CheckResult("accelerator", FAIL, f"torch sees {facts.accelerator.upper()} GPUs ({seen}), the recipe expects {want.upper()}",
+                           f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {want.upper()} cluster")
+    if want == "rocm" and facts.arch and not facts.arch.startswith("gfx942"):
+        return CheckResult("accelerator", WARN, f"{seen}: AMD's run used MI308X (gfx942)",
+                           "fine to run; throughput and FP8 encoding differ from AMD's numbers")
+    return CheckResult("accelerator", PASS, f"{seen}, arch from {facts.arch_source or '?'}")
+
+
+def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
+    configured = recipe.rollout.fp8_format
+    if recipe.rollout.weight_format != "fp8_block":
+        return CheckResult("fp8_format", SKIP, "SKIP (rollout.weight_format is bf16: no FP8 weights)")
+    if cpu_mode(recipe):
+        return CheckResult("fp8_format", SKIP, f"SKIP ({CPU_MODE_SKIP}; FP8 is emulated in software as "
+                                               f"rollout.fp8_format={configured})")
+    hardware = fp8_format_for(facts.accelerator, facts.arch)
+    if hardware is None:
+        return CheckResult("fp8_format", WARN if facts.accelerator != "none" else FAIL,
+                           f"cannot tell the FP8 encoding: accelerator {facts.accelerator}, arch {facts.arch or 'unknown'}",
+                           "install rocminfo or amd-smi (ROCm) so the architecture can be read, then rerun")
+    if configured == "auto":
+        return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware}; rollout.fp8_format: auto picks it")
+    if configured != hardware:
+        return CheckResult("fp8_format", FAIL,
+                           f"rollout.fp8_format={configured} but {facts.arch or facts.accelerator} computes in {hardware}",
+                           f"set rollout.fp8_format: auto (or {hardware})")
+    return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware} = rollout.fp8_format")
+
+
+def _base(version: str) -> str:
+    return version.split("+")[0]
+
+
+def _matches(version: str, pin: str) -> bool:
+    """'7.2.1' matches pin '7.2'; '2.13.0+rocm7.2' matches '2.13.0'."""
+    have, want = _base(version).split("."), pin.split(".")
+    return have[:len(want)] == want
+
+
+def check_torch(recipe: "Recipe", facts: Facts) -> CheckResult:
+    pin, have = cluster_pins()["torch"], facts.versions.get("torch")
+    if have is None:
+        return CheckResult("torch", FAIL, "torch is not importable", "`make install` (pip install -e '.[dev]')")
+    build = "ROCm" if facts.versions.get("rocm_torch") else "CUDA" if facts.versions.get("cuda_torch") else "CPU"
+    if pin and not _matches(have, pin):
+        return CheckResult("torch", WARN, f"torch {have}, the project pins {pin}", f"install torch {pin} ({build} build)")
+    if not cpu_mode(recipe) and build.lower() != recipe.cluster.accelerator:
+        return CheckResult("torch", FAIL, f"torch {have} is a {build} build, the recipe needs the "
+                                          f"{recipe.cluster.accelerator.upper()} build",
+                           f"install torch {pin}+rocm{cluster_pins()['rocm']} from the ROCm wheel index"
+                           if recipe.cluster.accelerator == "rocm" else f"install torch {pin} with CUDA")
+    return CheckResult("torch", PASS, f"torch {have} ({build} build), pin {pin}")
+
+
+def check_platform(recipe: "Recipe", facts: Facts) -> CheckResult:
+    """ROCm (pinned 7.2) or CUDA (any) version, as the torch build and the system report it."""
+    if cpu_mode(recipe):
+        return _skip("rocm" if recipe.cluster.accelerator == "rocm" else "platform")
+    if recipe.cluster.accelerator == "cuda":
+        cuda = facts.versions.get("cuda_torch")
+        if not cuda:
+            return CheckResult("cuda", FAIL, "torch has no CUDA support", "install the CUDA build of torch")
+        return CheckResult("cuda", PASS, f"CUDA {cuda} (torch build); AMD's run used ROCm {cluster_pins()['rocm']}")
+    pin = cluster_pins()["rocm"]
+    system, hip = facts.versions.get("rocm"), facts.versions.get("rocm_torch")
+    if not system and not hip:
+        return CheckResult("rocm", FAIL, f"no ROCm found (no /opt/rocm version file, torch has no HIP); AMD ran ROCm {pin}",
+                           f"install ROCm {pin} and the matching torch build, or run on the cluster")
+    seen = system or hip
+    if not _matches(seen, pin):
+        return CheckResult("rocm", WARN, f"ROCm {seen} (system {system or '?'}, torch HIP {hip or '?'}), AMD ran {pin}",
+                           f"ROCm {pin} is what the published numbers were measured on")
+    return CheckResult("rocm", PASS, f"ROCm {seen} (system {system or '?'}, torch HIP {hip or '?'}) = pin {pin}")
+
+
+def _check_package(name: str, key: str, why_not: str) -> Check:
+    def check(recipe: "Recipe", facts: Facts) -> CheckResult:
+        if not needed_by(recipe):
+            return CheckResult(name, SKIP, f"SKIP ({why_not})")
+        pin, have = cluster_pins()[key], facts.versions.get(key)
+        if have is None:
+            want = f" {pin}" if pin else ""
+            return CheckResult(name, FAIL, f"{key} is not installed; the recipe's {'rollout' if key == 'vllm' else 'trainer'} needs it",
+                               f"install {key}{want} (the {recipe.cluster.accelerator.upper()} build) on every node")
+        if pin and not _matches(have, pin):
+            return CheckResult(name, WARN, f"{key} {have}, AMD ran {pin}", f"install {key}=={pin} to match the published run")
+        return CheckResult(name, PASS, f"{key} {have}" + (f" = pin {pin}" if pin else " (no pin: any version)"))
+
+    def needed_by(recipe: "Recipe") -> bool:
+        return recipe.rollout.backend == "vllm" if key == "vllm" else recipe.actor.backend == "megatron"
+
+    check.__name__ = f"check_{name}"
+    return check
+
+
+check_vllm = _check_package("vllm", "vllm", "rollout.backend is embedded: vLLM is not used")
+check_megatron = _check_package("megatron_core", "megatron-core", "actor.backend is embedded: Megatron-core is not used")
+
+
+def check_rdma(recipe: "Recipe", facts: Facts) -> CheckResult:
+    if cpu_mode(recipe):
+        return _skip("rdma")
+    if facts.rdma_devices:
+        return CheckResult("rdma", PASS, f"{len(facts.rdma_devices)} RDMA device(s) from {facts.rdma_source}: "
+                                         f"{', '.join(facts.rdma_devices)}")
+    multi = recipe.cluster.num_nodes > 1
+    return CheckResult("rdma", WARN if multi else PASS,
+                       "no RDMA device (/sys/class/infiniband absent or empty, no ibv_devices): RCCL falls back to "
+                       f"TCP sockets{' for the cross-node pipeline stages and the weight sync' if multi else ''}",
+                       "load the NIC drivers (e.g. `ls /sys/class/infiniband` should list the RoCE/IB devices)"
+                       if multi else "")
+
+
+def check_nccl_env(recipe: "Recipe", facts: Facts) -> CheckResult:
+    if cpu_mode(recipe):
+        return _skip("nccl_env")
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(facts.nccl_env.items())) or "none set"
+    hca = facts.nccl_env.get("NCCL_IB_HCA")
+    if hca and facts.rdma_devices:
+        names = [part.split(":")[0].lstrip("=^") for part in hca.split(",") if part.strip()]
+        unknown = [n for n in names if not any(d.startswith(n) for d in facts.rdma_devices)]
+        if unknown:
+            return CheckResult("nccl_env", FAIL, f"NCCL_IB_HCA names {', '.join(unknown)}, not among the RDMA devices "
+                                                 f"{', '.join(facts.rdma_devices)}",
+                               "set NCCL_IB_HCA to devices listed in /sys/class/infiniband")
+    missing = []
+    if facts.rdma_devices and not hca:
+        missing.append(f"NCCL_IB_HCA (e.g. {','.join(facts.rdma_devices)})")
+    if recipe.cluster.num_nodes > 1 and "NCCL_SOCKET_IFNAME" not in facts.nccl_env:
+        missing.append("NCCL_SOCKET_IFNAME (the interface carrying the node IPs)")
+    if missing:
+        return CheckResult("nccl_env", WARN, f"RCCL/NCCL variables: {shown}; unset: {'; '.join(missing)}",
+                           "export them on every node before `ray start` so Ray workers inherit them")
+    return CheckResult("nccl_env", PASS, f"RCCL/NCCL variables: {shown}")
+
+
+def check_disk(recipe: "Recipe", facts: Facts) -> CheckResult:
+    from repro.run_setup import checkpoint_bytes
+
+    each = checkpoint_bytes(recipe)
+    need = each * (recipe.checkpoint.keep_last + 1)
+    what = (f"checkpoints need ~{_gb(need)} ({recipe.checkpoint.keep_last} kept + 1 being written, {_gb(each)} each: "
+            f"weights + fp32 master + Adam moments)")
+    if facts.disk_free_bytes is None:
+        return CheckResult("disk", WARN, f"free space at {facts.disk_path} unknown; {what}", "check `df -h` by hand")
+    free = facts.disk_free_bytes
+    if free < need:
+        return CheckResult("disk", FAIL, f"{_gb(free)} free at {facts.disk_path}; {what}",
+                           "pass --run-dir on a larger (shared) filesystem or lower checkpoint.keep_last")
+    if free < need * DISK_WARN_MARGIN:
+        return CheckResult("disk", WARN, f"{_gb(free)} free at {facts.disk_path}, barely enough; {what}",
+                           "leave room for logs and eval outputs")
+    return CheckResult("disk", PASS, f"{_gb(free)} free at {facts.disk_path}; {what}")
+
+
+def optimizer_bytes_per_node(recipe: "Recipe") -> int:
+    """Host RAM one trainer node needs for the CPU-offloaded optimizer (fp32 master + Adam m, v)."""
+    return recipe.model.num_parameters * OPTIMIZER_BYTES_PER_PARAM // recipe.actor.nodes
+
+
+def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
+    if cpu_mode(recipe):
+        from repro.run_setup import checkpoint_bytes
+
+        need, what = checkpoint_bytes(recipe), "the trainer's weights and optimizer state in host RAM (CPU mode)"
+    elif recipe.actor.optimizer_cpu_offload:
+        need = optimizer_bytes_per_node(recipe)
+        what = (f"per trainer node for the CPU-offloaded optimizer ({OPTIMIZER_BYTES_PER_PARAM} bytes/param x "
+                f"{recipe.model.num_parameters:,} / {recipe.actor.nodes} nodes)")
+    else:
+        return CheckResult("host_ram", SKIP, "SKIP (actor.optimizer_cpu_offload is off: the optimizer stays on the GPUs)")
+    if facts.host_ram_bytes is None:
+        return CheckResult("host_ram", WARN, f"host RAM unknown; need ~{_gb(need)} {what}", "check `free -g` on each trainer node")
+    ram = facts.host_ram_bytes
+    detail = f"{_gb(ram)} RAM on this host; need ~{_gb(need)} {what}"
+    if need > ram:
+        return CheckResult("host_ram", FAIL, detail, "spread the trainer over more nodes (actor.nodes), or turn off "
+                                                     "actor.optimizer_cpu_offload if GPU memory allows")
+    if need > RAM_WARN_FRACTION * ram:
+        return CheckResult("host_ram", WARN, detail + f" (> {RAM_WARN_FRACTION:.0%})",
+                           "little room is left for data loading, Ray's object store and the page cache")
+    return CheckResult("host_ram", PASS, detail)
+
+
+def shm_need_bytes(recipe: "Recipe", model_staged: bool) -> tuple[int, str]:
+    """Free /dev/shm the run still needs: two weight-sync buckets, the staged model, Ray's local store."""
+    parts: list[tuple[str, int]] = [("2 weight-sync buckets", 2 * recipe.weight_sync.bucket_mb * 1024**2)]
+    if recipe.model.path.startswith("/dev/shm") and not model_staged:
+        parts.append(("the BF16 model to stage", recipe.model.num_parameters * 2))
+    if recipe.cluster.ray_address is None:
+        from repro.cluster.runtime import LOCAL_OBJECT_STORE_BYTES
+
+        parts.append(("Ray's local object store", LOCAL_OBJECT_STORE_BYTES))
+    return sum(n for _, n in parts), " + ".join(f"{label} {_gb(n)}" for label, n in parts)
+
+
+def check_shm(recipe: "Recipe", facts: Facts) -> CheckResult:
+    need, parts = shm_need_bytes(recipe, facts.model_staged)
+    if facts.shm_total_bytes is None or facts.shm_free_bytes is None:
+        return CheckResult("shm", WARN, f"/dev/shm not found; need ~{_gb(need)} ({parts})",
+                           "mount a tmpfs on /dev/shm (docker: --shm-size or --ipc=host)")
+    detail = f"/dev/shm {_gb(facts.shm_free_bytes)} free of {_gb(facts.shm_total_bytes)}; need ~{_gb(need)} ({parts})"
+    if facts.shm_free_bytes < need:
+        return CheckResult("shm", FAIL, detail, "enlarge /dev/shm (docker: --shm-size=... or --ipc=host; "
+                                                "`mount -o remount,size=...G /dev/shm`), or stage the model elsewhere")
+    return CheckResult("shm", PASS, detail)
+
+
+CHECKS: tuple[Check, ...] = (
+    check_ray, check_gpu_count, check_nodes, check_accelerator, check_fp8_format, check_platform, check_torch,
+    check_vllm, check_megatron, check_rdma, check_nccl_env, check_disk, check_host_ram, check_shm,
+)
+
+
+def run_checks(recipe: "Recipe", facts: Facts) -> list[CheckResult]:
+    return [check(recipe, facts) for check in CHECKS]
+
+
+def check_cluster(recipe: "Recipe", run_dir: str | os.PathLike | None = None,
+                  start_local_ray: bool = False) -> list[CheckResult]:
+    """Gather the facts on this machine / the recipe's Ray cluster and run every check."""
+    from repro.cluster.facts import gather_facts
+
+    return run_checks(recipe, gather_facts(recipe, run_dir, start_local_ray=start_local_ray))
+
+
+def failed(results: list[CheckResult]) -> bool:
+    return any(r.status == FAIL for r in results)
+
+
+def summary_line(recipe: "Recipe", results: list[CheckResult]) -> str:
+    counts = {s: sum(r.status == s for r in results) for s in (PASS, WARN, FAIL, SKIP)}
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    mode = ("CPU mode: the tiny recipe needs no accelerator, GPU checks are skipped"
+            if cpu_mode(recipe) else
+            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {recipe.cluster.accelerator.upper()} GPUs expected")
+    verdict = "NOT READY" if counts[FAIL] else "ready"
+    return f"recipe {recipe.name} ({mode}): {verdict} — {tally}"
+
+
+def format_table(results: list[CheckResult]) -> str:
+    name_w = max(len("check"), *(len(r.check) for r in results))
+    lines = [f"{'check':<{name_w}}  status  detail"]
+    indent = " " * (name_w + 10)
+    for r in results:
+        lines.append(f"{r.check:<{name_w}}  {r.status:<6}  {r.detail}")
+        if r.fix and r.status in (WARN, FAIL):
+            lines.append(f"{indent}fix: {r.fix}")
+    return "\n".join(lines)
+
+
+def results_as_dicts(results: list[CheckResult]) -> list[dict[str, str]]:
+    return [asdict(r) for r in results]
+
+
+def write_json(results: list[CheckResult], path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(results_as_dicts(results), indent=2) + "\n")
+    tmp.replace(path)
+    return path
