@@ -1,0 +1,229 @@
+"""`repro launch`: place the recipe's groups on the Ray cluster, show each worker's arguments, start the run.
+
+Megatron's rank layout, as megatron-core's ``parallel_state.initialize_model_parallel`` builds it with its
+default ``order="tp-cp-ep-dp-pp"`` (``RankGenerator``): the first name varies fastest. Two generators share
+the world:
+
+- dense / attention layers: ``RankGenerator(tp=TP, cp=CP, ep=1, dp=DP, pp=PP)``, DP = world / (TP*CP*PP), so
+  ``rank = tp + TP*(cp + CP*(dp + DP*pp))``;
+- MoE expert layers: ``RankGenerator(tp=ETP, cp=1, ep=EP, dp=EDP, pp=PP)``, EDP = world / (ETP*EP*PP), so
+  ``rank = etp + ETP*(ep + EP*(edp + EDP*pp))``.
+
+Both end in ``pp``, so the pipeline groups agree (megatron asserts it). With AMD's TP4/PP4/EP4/ETP1 on 16
+ranks: DP = EDP = 1, ``tp = ep = rank % 4`` and ``pp = rank // 4``, so each TP (and EP) group is 4
+consecutive ranks and never crosses the 8-GPU node boundary; pipeline stages 0-1 sit on the first trainer
+node and 2-3 on the second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from repro.cluster import ClusterError
+from repro.cluster.placement import ROLLOUT, TRAINER, PlacementPlan, PlacementRow
+
+if TYPE_CHECKING:
+    from repro.config import Recipe
+
+# What `launch` needs besides the Ray layer; written by other engineers, checked before anything starts.
+CLUSTER_BACKENDS = {
+    "megatron": ("repro.train.megatron_backend", "the Megatron-core trainer backend (repro/train/megatron_backend.py)"),
+    "vllm": ("repro.rollout.vllm_engine", "the vLLM rollout engine (repro/rollout/vllm_engine.py)"),
+}
+MASTER_PORT = 29500
+
+
+class LaunchError(ClusterError):
+    """The run cannot be launched as the recipe asks (a backend is missing, the layout does not divide)."""
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    rank: int
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+    etp: int  # expert-tensor-parallel rank (MoE layers)
+    ep: int  # expert-parallel rank
+    edp: int  # expert-data-parallel rank
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+    etp: int
+    edp: int
+
+
+def parallel_sizes(world: int, tp: int, pp: int, ep: int = 1, etp: int | None = None, cp: int = 1) -> ParallelSizes:
+    """The group sizes megatron-core derives (``etp=None`` means ETP = TP, megatron's default)."""
+    etp = tp if etp is None else etp
+    for label, size in (("tensor_parallel * context_parallel * pipeline_parallel", tp * cp * pp),
+                        ("expert_tensor_parallel * expert_parallel * pipeline_parallel", etp * ep * pp)):
+        if size < 1 or world % size:
+            raise LaunchError(f"{world} trainer ranks are not divisible by {label} = {size}")
+    return ParallelSizes(world, tp, pp, cp, world // (tp * cp * pp), ep, etp, world // (etp * ep * pp))
+
+
+def megatron_coords(rank: int, sizes: ParallelSizes) -> RankCoords:
+    """Rank -> its coordinates, megatron-core's default order tp-cp-ep-dp-pp (first varies fastest)."""
+    if not 0 <= rank < sizes.world:
+        raise LaunchError(f"rank {rank} outside 0..{sizes.world - 1}")
+
+    def split(index: int, dims: list[int]) -> list[int]:
+        out = []
+        for size in dims:
+            out.append(index % size)
+            index //= size
+        return out
+
+    tp, cp, dp, pp = split(rank, [sizes.tp, sizes.cp, sizes.dp, sizes.pp])
+    etp, ep, edp, epp = split(rank, [sizes.etp, sizes.ep, sizes.edp, sizes.pp])
+    assert epp == pp  # both generators end in pp
+    return RankCoords(rank, tp, cp, dp, pp, etp, ep, edp)
+
+
+def recipe_sizes(recipe: "Recipe") -> ParallelSizes:
+    actor = recipe.actor
+    return parallel_sizes(actor.num_workers, actor.tensor_parallel, actor.pipeline_parallel,
+                          actor.expert_parallel, actor.expert_tensor_parallel)
+
+
+def trainer_worker_args(recipe: "Recipe", master_addr: str = "<node of trainer rank 0>") -> list[dict[str, Any]]:
+    """The arguments each trainer rank is started with: torch.distributed identity + Megatron coordinates."""
+    sizes = recipe_sizes(recipe)
+    per_node = recipe.actor.num_workers // recipe.actor.nodes
+    rows = []
+    for rank in range(sizes.world):
+        coords = asdict(megatron_coords(rank, sizes))
+        rows.append({
+            **coords,
+            "world_size": sizes.world, "local_rank": rank % per_node, "trainer_node": rank // per_node,
+            "master_addr": master_addr, "master_port": MASTER_PORT,
+            "megatron": {
+                "tensor_model_parallel_size": sizes.tp, "pipeline_model_parallel_size": sizes.pp,
+                "expert_model_parallel_size": sizes.ep, "expert_tensor_parallel_size": sizes.etp,
+                "context_parallel_size": sizes.cp, "sequence_parallel": recipe.actor.sequence_parallel,
+                "recompute_granularity": recipe.actor.recompute, "bf16": recipe.actor.dtype == "bf16",
+                "optimizer_cpu_offload": recipe.actor.optimizer_cpu_offload,
+                "max_tokens_per_micro_batch": recipe.actor.max_tokens_per_micro_batch,
+            },
+        })
+    return rows
+
+
+def vllm_engine_args(recipe: "Recipe") -> dict[str, Any]:
+    """vLLM ``EngineArgs`` of one rollout replica, from the recipe (names as vLLM spells them)."""
+    r = recipe.rollout
+    fp8 = r.weight_format == "fp8_block"
+    return {
+        "model": recipe.model.path,
+        "tensor_parallel_size": r.tensor_parallel,
+        "dtype": "bfloat16",
+        # block-FP8 weights arrive from the trainer through weight sync and are quantised on the rollout side
+        # (repro.fp8, fp8_format per accelerator); quantization names the serving format
+        "quantization": "fp8" if fp8 else None,
+        "kv_cache_dtype": r.kv_cache_dtype,
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "max_model_len": recipe.lengths.max_context,
+        "max_num_seqs": r.max_num_seqs,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+        "enable_chunked_prefill": True,
+        "enforce_eager": r.enforce_eager,
+        "seed": recipe.seed,
+        "distributed_executor_backend": "mp",  # the engine actor owns all TP GPUs and starts vLLM's TP workers itself
+    }
+
+
+def vllm_sampling_args(recipe: "Recipe") -> dict[str, Any]:
+    r = recipe.rollout
+    return {"n": recipe.algorithm.responses_per_prompt, "temperature": r.temperature, "top_p": r.top_p,
+            "top_k": r.top_k, "max_tokens": recipe.lengths.max_response, "logprobs": 0}
+
+
+def missing_backends(recipe: "Recipe") -> list[str]:
+    """Backends the recipe names that are not importable here (empty for the embedded CPU backends)."""
+    needed = [CLUSTER_BACKENDS[b] for b in (recipe.actor.backend, recipe.rollout.backend) if b in CLUSTER_BACKENDS]
+    return [f"{what} (module {module})" for module, what in needed if importlib.util.find_spec(module) is None]
+
+
+# -- the dry run ---------------------------------------------------------------------------------------------
+def unplaced_rows(plan: PlacementPlan) -> list[PlacementRow]:
+    """The plan's bundles with no node yet (when there is no cluster to place them on)."""
+    return [PlacementRow(g.name, i, "(not placed)", "-", dict(b)) for g in plan.groups for i, b in enumerate(g.bundles)]
+
+
+def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRow]) -> str:
+    """Which node hosts each worker and bundle, each trainer rank's Megatron coordinates, the vLLM arguments."""
+    sizes = recipe_sizes(recipe)
+    by_group = {g.name: g for g in plan.groups}
+    node_letters: dict[str, str] = {}
+    for row in rows:  # name nodes A, B, C... in first-use order, beside their id
+        if row.node_id not in node_letters and row.node_id != "(not placed)":
+            node_letters[row.node_id] = chr(ord("A") + len(node_letters))
+    trainer_rows = [r for r in rows if r.group == TRAINER]
+    master = trainer_rows[0].node_ip if trainer_rows and trainer_rows[0].node_ip != "-" else "<node of rank 0>"
+    args = trainer_worker_args(recipe, master)
+    lines = [
+        f"dry run of {recipe.name}: {len(trainer_rows)} trainer worker(s), "
+        f"{sum(r.group == ROLLOUT for r in rows)} rollout replica(s); nothing is started",
+        f"trainer layout: world {sizes.world} = TP {sizes.tp} x CP {sizes.cp} x DP {sizes.dp} x PP {sizes.pp}; "
+        f"experts: ETP {sizes.etp} x EP {sizes.ep} x EDP {sizes.edp} x PP {sizes.pp} (megatron-core order tp-cp-ep-dp-pp)",
+        "",
+        f"{'worker':<18} {'slice':>5} {'bundle':>6}  {'node':<16} {'ip':<15} {'resources':<16} "
+        f"{'rank':>4} {'local':>5} {'tp':>3} {'cp':>3} {'dp':>3} {'pp':>3} {'ep':>3} {'etp':>3} {'edp':>3}",
+    ]
+    for row in rows:
+        group = by_group[row.group]
+        slice_index, bundle = divmod(row.bundle_index, group.bundles_per_slice)
+        node = f"{node_letters.get(row.node_id, '-')} {row.node_id[:12]}" if row.node_id in node_letters else row.node_id
+        resources = ", ".join(f"{k} {v:g}" for k, v in sorted(row.resources.items(), key=lambda kv: kv[0] != "GPU"))
+        head = f"{row.group + ' worker ' + str(row.bundle_index):<18} {slice_index:>5} {bundle:>6}  {node:<16} {row.node_ip:<15} {resources:<16}"
+        if row.group == TRAINER:
+            a = args[row.bundle_index]
+            head += (f" {a['rank']:>4} {a['local_rank']:>5} {a['tp']:>3} {a['cp']:>3} {a['dp']:>3} {a['pp']:>3} "
+                     f"{a['ep']:>3} {a['etp']:>3} {a['edp']:>3}")
+        else:
+            head += "  vLLM engine, arguments below"
+        lines.append(head)
+    megatron = args[0]["megatron"]
+    lines += ["", f"every trainer rank: world_size {sizes.world}, MASTER_ADDR {master}, MASTER_PORT {MASTER_PORT}, "
+                  + ", ".join(f"{k}={v}" for k, v in megatron.items())]
+    lines += ["rollout replica engine arguments (vllm.EngineArgs): "
+              + ", ".join(f"{k}={v!r}" for k, v in vllm_engine_args(recipe).items())]
+    lines += ["rollout sampling (vllm.SamplingParams): " + ", ".join(f"{k}={v!r}" for k, v in vllm_sampling_args(recipe).items())]
+    return "\n".join(lines)
+
+
+def dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> tuple[str, list[PlacementRow]]:
+    """Place both groups on the recipe's cluster, describe every worker, release the placement; start nothing.
+
+    Returns the printed text and the placement rows. Ray is left as found: a connection made here is closed.
+    """
+    import ray
+
+    from repro.cluster.placement import create_placement_groups, placement_table, plan_placement
+    from repro.cluster.runtime import ensure_ray, shutdown_ray
+
+    plan = plan_placement(recipe)
+    recipe_sizes(recipe)  # a layout that does not divide fails before Ray is touched
+    connected_before = ray.is_initialized()
+    try:
+        ensure_ray(recipe)
+        placed = create_placement_groups(plan, timeout_s=timeout_s)
+        try:
+            rows = placement_table(placed)
+        finally:
+            placed.remove()
+    finally:
+        if not connected_before:
+            shutdown_ray()
+    return format_dry_run(recipe, plan, rows), rows

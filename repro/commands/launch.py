@@ -1,0 +1,90 @@
+"""`repro launch --recipe NAME [--dry-run]`: place the groups on the recipe's Ray cluster and start the run.
+
+``--dry-run`` places both groups (so the cluster proves it can hold them), prints which node hosts each
+worker and bundle, each trainer rank's Megatron coordinates and the vLLM engine arguments, then releases the
+placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
+
+Without ``--dry-run`` it refuses, naming them, when the recipe's cluster backends (Megatron-core trainer,
+vLLM rollout) are not in this checkout; otherwise it hands over to ``repro run`` (``repro.commands.run.execute``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from repro.recipes import list_recipes, load_recipe
+
+DEFAULT_RECIPE = "amd-dsv4-flash-mi308x"
+
+
+def add_arguments(parser):
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"committed recipe ({', '.join(list_recipes())}) or YAML path")
+    parser.add_argument("--dry-run", action="store_true", help="place and describe every worker, start none")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a recipe field (repeatable), e.g. cluster.ray_address=10.0.0.1:6379")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
+    parser.add_argument("--run-dir", help="run directory (default: runs/<recipe name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--placement-timeout", type=float, default=120.0, help="seconds to wait for the placement (dry run)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _with_address(recipe):
+    """'auto' joins $RAY_ADDRESS or the cluster `ray start` recorded, never a stray local ray.init() instance."""
+    import ray
+
+    from repro.cluster import ClusterError
+    from repro.cluster.facts import NoClusterFound, resolve_address
+
+    if ray.is_initialized():
+        return recipe
+    try:
+        address = resolve_address(recipe.cluster.ray_address)
+    except NoClusterFound as err:
+        raise ClusterError(f"cluster.ray_address='auto': {err}") from None
+    return recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": address})})
+
+
+def _require_multi_worker_groups(recipe) -> None:
+    """``repro run``'s Ray groups (repro/cluster/groups.py) start one trainer and one rollout worker today."""
+    from repro.cluster.groups import RayGroups
+    from repro.cluster.launch import LaunchError
+
+    multi = recipe.actor.num_workers > 1 or recipe.rollout.num_replicas > 1
+    if multi and not getattr(RayGroups, "supports_multi_worker", False):
+        raise LaunchError(
+            f"recipe {recipe.name}: {recipe.actor.num_workers} trainer ranks, but repro.cluster.groups.RayGroups "
+            "starts one trainer and one rollout worker: the multi-rank trainer group (one actor per bundle with "
+            "RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT and the Megatron coordinates `--dry-run` prints, "
+            "torch.distributed rendezvous) and the TP8 vLLM engine actor are not wired into the run yet"
+        )
+
+
+def run(args) -> int:
+    from repro.cluster import ClusterError
+    from repro.cluster.launch import LaunchError, dry_run, format_dry_run, missing_backends, unplaced_rows
+    from repro.cluster.placement import plan_placement
+
+    recipe = load_recipe(args.recipe, list(args.overrides))
+    if args.dry_run:
+        try:
+            text, _ = dry_run(_with_address(recipe), timeout_s=args.placement_timeout)
+        except ClusterError as err:
+            plan = plan_placement(recipe)
+            print(format_dry_run(recipe, plan, unplaced_rows(plan)))
+            raise ClusterError(f"dry run: the plan above could not be placed: {err}") from None
+        print(text)
+        return 0
+    missing = missing_backends(recipe)
+    if missing:
+        raise LaunchError(
+            f"recipe {recipe.name} cannot be launched from this checkout: missing {'; '.join(missing)}. "
+            "`repro launch --dry-run` still shows the placement and every worker's arguments"
+        )
+    _require_multi_worker_groups(recipe)
+    from repro.commands import run as run_command
+
+    run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
+                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet)
+    run_command.execute(run_args)
+    return 0

@@ -1,0 +1,159 @@
+"""repro launch: Megatron's rank -> (tp, cp, dp, pp, ep) mapping, the dry run on a simulated 3 x 8-GPU cluster
+(placement printed, nothing started, nothing left reserved), and the named refusal when backends are missing.
+
+One module-scoped simulated cluster (~15-25 s to start on 2 busy cores), shut down with the module.
+"""
+
+import argparse
+import os
+import re
+import time
+
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
+import pytest  # noqa: E402
+
+from repro.cluster.launch import (  # noqa: E402
+    LaunchError,
+    megatron_coords,
+    missing_backends,
+    parallel_sizes,
+    trainer_worker_args,
+    vllm_engine_args,
+)
+from repro.recipes import load_recipe  # noqa: E402
+
+AMD = "amd-dsv4-flash-mi308x"
+
+
+def _launch(argv):
+    from repro.commands import launch
+
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    return launch.run(parser.parse_args(argv))
+
+
+# -- the pure rank mapping -----------------------------------------------------------------------------------
+def test_tp4_pp4_ep4_on_16_ranks_is_megatron_default_order():
+    sizes = parallel_sizes(16, tp=4, pp=4, ep=4, etp=1)
+    assert (sizes.dp, sizes.edp, sizes.cp) == (1, 1, 1)
+    got = [(c.tp, c.pp, c.dp, c.ep) for c in (megatron_coords(r, sizes) for r in range(16))]
+    # tp fastest, then (cp, dp of size 1), pp slowest; experts: etp=1, ep fastest, pp slowest
+    assert got == [(r % 4, r // 4, 0, r % 4) for r in range(16)]
+    assert got[:6] == [(0, 0, 0, 0), (1, 0, 0, 1), (2, 0, 0, 2), (3, 0, 0, 3), (0, 1, 0, 0), (1, 1, 0, 1)]
+    assert got[15] == (3, 3, 0, 3)
+    assert all(megatron_coords(r, sizes).etp == 0 for r in range(16))
+
+
+def test_mapping_with_data_parallel_and_default_expert_tp():
+    # 32 ranks, TP2 PP2 -> DP 8; EP4 with ETP defaulting to TP (2) -> EDP 2: expert dims differ from dense ones
+    sizes = parallel_sizes(32, tp=2, pp=2, ep=4)
+    assert (sizes.dp, sizes.etp, sizes.edp) == (8, 2, 2)
+    c = megatron_coords(13, sizes)  # 13 = 1 + 2*(6 + 8*0)  and  1 + 2*(2 + 4*(1 + 2*0))
+    assert (c.tp, c.dp, c.pp) == (1, 6, 0) and (c.etp, c.ep, c.edp) == (1, 2, 1)
+    c = megatron_coords(31, sizes)
+    assert (c.tp, c.dp, c.pp, c.etp, c.ep, c.edp) == (1, 7, 1, 1, 3, 1)
+
+
+def test_layouts_that_do_not_divide_are_named():
+    with pytest.raises(LaunchError, match=r"16 trainer ranks are not divisible by tensor_parallel \* context_parallel \* pipeline_parallel = 12"):
+        parallel_sizes(16, tp=4, pp=3)
+    with pytest.raises(LaunchError, match="expert_tensor_parallel \\* expert_parallel \\* pipeline_parallel = 32"):
+        parallel_sizes(16, tp=4, pp=4, ep=8, etp=1)
+    with pytest.raises(LaunchError, match="rank 16 outside 0..15"):
+        megatron_coords(16, parallel_sizes(16, tp=4, pp=4, ep=4, etp=1))
+
+
+def test_worker_and_engine_arguments_follow_the_recipe():
+    recipe = load_recipe(AMD)
+    args = trainer_worker_args(recipe, master_addr="10.0.0.1")
+    assert [a["local_rank"] for a in args] == list(range(8)) * 2 and [a["trainer_node"] for a in args] == [0] * 8 + [1] * 8
+    assert {a["world_size"] for a in args} == {16} and {a["master_addr"] for a in args} == {"10.0.0.1"}
+    assert args[0]["megatron"]["expert_model_parallel_size"] == 4 and args[0]["megatron"]["sequence_parallel"] is True
+    engine = vllm_engine_args(recipe)
+    assert engine["tensor_parallel_size"] == 8 and engine["gpu_memory_utilization"] == 0.90
+    assert (engine["max_model_len"], engine["max_num_seqs"], engine["kv_cache_dtype"]) == (16384, 48, "fp8_e4m3")
+    assert engine["enforce_eager"] is True and engine["quantization"] == "fp8"
+
+
+def test_launch_without_backends_stops_naming_them(monkeypatch):
+    import repro.cluster.launch as launch_module
+
+    monkeypatch.setattr(launch_module.importlib.util, "find_spec", lambda name: None)
+    assert len(missing_backends(load_recipe(AMD))) == 2
+    assert missing_backends(load_recipe("tiny-cpu")) == []  # embedded backends: nothing to find
+    with pytest.raises(LaunchError, match=r"missing the Megatron-core trainer backend \(repro/train/megatron_backend.py\).*"
+                                          r"the vLLM rollout engine \(repro/rollout/vllm_engine.py\)"):
+        _launch(["--recipe", AMD])
+
+
+def test_dry_run_without_a_cluster_prints_the_unplaced_plan_and_fails(capsys):
+    from repro.cluster import ClusterError
+
+    with pytest.raises(ClusterError, match="dry run: the plan above could not be placed: .*could not join the Ray cluster at '127.0.0.1:1'"):
+        _launch(["--recipe", AMD, "--dry-run", "--set", "cluster.ray_address=127.0.0.1:1"])
+    out = capsys.readouterr().out
+    assert out.count("(not placed)") == 17 and "tensor_parallel_size=8" in out
+
+
+# -- the dry run on a simulated 3-node cluster ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def simulated_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    lean = {"include_log_monitor": False}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 40, "num_gpus": 8, "include_dashboard": False, "no_monitor": True, **lean})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=40, num_gpus=8, **lean)
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+ROW = re.compile(r"^(trainer|rollout) worker\s+(\d+)\s+(\d+)\s+(\d+)\s+([A-Z]) (\w+)\s+\S+\s+GPU (\d+), CPU (\d+)(.*)$")
+
+
+def test_dry_run_places_16_trainer_ranks_on_two_nodes_and_the_rollout_on_the_third(simulated_cluster, capsys):
+    import ray
+
+    started = time.perf_counter()
+    assert _launch(["--recipe", AMD, "--dry-run", "--set", f"cluster.ray_address={simulated_cluster.address}",
+                    "--placement-timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    print(f"\n{out}\n(dry run took {time.perf_counter() - started:.1f} s)")
+    rows = [ROW.match(line) for line in out.splitlines() if ROW.match(line)]
+    trainer = [m for m in rows if m.group(1) == "trainer"]
+    rollout = [m for m in rows if m.group(1) == "rollout"]
+    assert len(trainer) == 16 and len(rollout) == 1
+    assert [int(m.group(2)) for m in trainer] == list(range(16))
+    trainer_nodes = [m.group(5) for m in trainer]
+    assert trainer_nodes == ["A"] * 8 + ["B"] * 8  # ranks 0-7 on one node, 8-15 on another
+    assert rollout[0].group(5) == "C" and (rollout[0].group(7), rollout[0].group(8)) == ("8", "8")
+    assert all((m.group(7), m.group(8)) == ("1", "4") for m in trainer)
+    # Megatron coordinates of rank 13: local rank 5, tp 1, cp 0, dp 0, pp 3, ep 1, etp 0, edp 0
+    assert trainer[13].group(9).split() == ["13", "5", "1", "0", "0", "3", "1", "0", "0"]
+    assert "MASTER_ADDR " in out and "<node of rank 0>" not in out
+    assert "tensor_parallel_size=8" in out and "nothing is started" in out
+
+    # nothing was started and nothing stays reserved; the command closed its own connection
+    assert not ray.is_initialized()
+    with capsys.disabled():  # Ray's log handler must not write into the capture closed above
+        ray.init(address=simulated_cluster.address, log_to_driver=False, logging_level="warning")
+    try:
+        from ray._private.state import actors
+
+        assert actors() == {}
+        deadline = time.monotonic() + 20
+        while ray.available_resources().get("GPU", 0) < 24 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("GPU", 0) == 24
+    finally:
+        ray.shutdown()
