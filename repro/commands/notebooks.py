@@ -1,0 +1,43 @@
+"""`repro notebooks [--recipe R] [--run-dir DIR] [--steps N]`: the notebook chain 00 -> 20 with papermill.
+
+Executed notebooks (and each one's recorded results JSON) go to RUN_DIR/notebooks/, figures (PNG + SVG) to
+--figures, the comparison report to RUN_DIR/comparison.md. A failing notebook stops the chain naming the
+notebook and the cell; its executed copy holds the traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from repro.notebooks import CHAIN
+
+
+def add_arguments(parser):
+    parser.add_argument("--recipe", default="tiny-cpu", help="recipe to run (default tiny-cpu)")
+    parser.add_argument("--run-dir", default="runs/tiny-cpu", help="run directory (resumed if it holds a run)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the full run (default: the recipe's)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a recipe field for the smoke and full runs (repeatable)")
+    parser.add_argument("--figures", type=Path, default=Path("figures"), help="figure folder (default: figures/)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="trainer and rollout inside the notebook kernel instead of Ray actors")
+    parser.add_argument("--only", action="append", choices=CHAIN, metavar="NOTEBOOK",
+                        help=f"run only these notebooks (repeatable; chain: {', '.join(CHAIN)})")
+    parser.add_argument("--skip", action="append", default=[], choices=CHAIN, metavar="NOTEBOOK",
+                        help="leave a notebook out (repeatable)")
+    parser.add_argument("--fresh", action="store_true", help="delete an existing run directory first")
+
+
+def run(args) -> int:
+    import shutil
+
+    from repro.notebooks import run_chain
+
+    run_dir = Path(args.run_dir)
+    if args.fresh and run_dir.exists():
+        shutil.rmtree(run_dir)
+    result = run_chain(run_dir, args.recipe, args.steps, overrides=args.overrides, in_process=args.in_process,
+                       figures_dir=args.figures, notebooks=args.only, skip=args.skip)
+    print()
+    print(result.describe())
+    return 0
