@@ -85,6 +85,8 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "recompute_num_layers": 1 if full else None,
         "bf16": bf16,
         "params_dtype": torch.bfloat16 if bf16 else torch.float32,
+        # activations sent between pipeline stages (megatron requires it once PP > 1)
+        "pipeline_dtype": (torch.bfloat16 if bf16 else torch.float32) if actor.pipeline_parallel > 1 else None,
         "num_moe_experts": recipe.model.num_routed_experts,
         "moe_router_topk": recipe.model.num_experts_per_tok,
         "moe_enable_routing_replay": recipe.routing_replay.enabled,
