@@ -1,0 +1,64 @@
+"""MegatronTrainer beyond the shared contract: BF16 export for the weight sync, the recipe path, named errors."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+
+import torch  # noqa: E402
+
+from repro.config import OptimConfig  # noqa: E402
+from repro.recipes import load_recipe  # noqa: E402
+from repro.train.base import TrainerError  # noqa: E402
+from repro.train.megatron_backend import MegatronTrainer, build_tiny_gpt_moe, record_routing  # noqa: E402
+from test_megatron_contract import MODEL_SEED, make_megatron_batch, one_thread  # noqa: E402,F401
+
+
+def test_bf16_trainer_exports_bf16_weights_and_keeps_fp32_masters(tmp_path):
+    model = build_tiny_gpt_moe(seed=MODEL_SEED)
+    batch = make_megatron_batch(model)
+    trainer = MegatronTrainer(model, dtype="bf16", optim=OptimConfig(lr=1e-3, weight_decay=0.0), temperature=0.8)
+    batch.old_logprobs = trainer.logprobs(batch).logprobs
+    metrics = trainer.train_step(batch)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    weights = dict(trainer.named_weights())
+    assert weights and all(w.dtype == torch.bfloat16 for w in weights.values())
+    assert all(m.dtype == torch.float32 for m in trainer.opt.master_state().values())
+    saved = trainer.save(tmp_path / "state")
+    assert (saved / "master.safetensors").is_file()
+
+
+def test_export_names_maps_the_synced_weights():
+    model = build_tiny_gpt_moe(seed=MODEL_SEED)
+    trainer = MegatronTrainer(model, export_names=lambda w: {f"policy.{k}": v for k, v in w.items()})
+    assert all(name.startswith("policy.decoder.") or name.startswith("policy.") for name, _ in trainer.named_weights())
+
+
+def test_from_recipe_builds_the_cpu_trainer_and_records_sequence_first_routing():
+    recipe = load_recipe("tiny-cpu")
+    trainer = MegatronTrainer.from_recipe(recipe, model_provider=lambda: build_tiny_gpt_moe(seed=MODEL_SEED))
+    batch = make_megatron_batch(trainer.model)
+    logits, routing = record_routing(trainer.model, batch.input_ids)
+    assert logits.shape == (*batch.input_ids.shape, 25)
+    for layer, idx in routing.items():
+        assert idx.shape == (*batch.input_ids.shape, 2) and 0 <= int(idx.min()) and int(idx.max()) < 8
+        # row 0 alone routes exactly as inside the batch: [B, T, k] <-> megatron's [T * B, k] is not mixed up
+    _, alone = record_routing(trainer.model, batch.input_ids[:1])
+    assert all(torch.equal(alone[layer][0], routing[layer][0]) for layer in routing)
+    assert trainer.logprobs(batch).logprobs.shape == batch.input_ids.shape
+
+
+def test_amd_layout_on_one_process_fails_naming_the_parallel_sizes():
+    with pytest.raises(TrainerError, match="tensor_model_parallel_size|tensor_parallel"):
+        MegatronTrainer.from_recipe(load_recipe("amd-dsv4-flash-mi308x"))
+
+
+def test_state_from_another_backend_is_refused(tmp_path):
+    model = build_tiny_gpt_moe(seed=MODEL_SEED)
+    trainer = MegatronTrainer(model)
+    folder = trainer.save(tmp_path / "state")
+    meta = (folder / "trainer_state.json").read_text().replace('"megatron"', '"embedded"')
+    (folder / "trainer_state.json").write_text(meta)
+    with pytest.raises(TrainerError, match="trainer_state.json.*megatron"):
+        trainer.load(folder)
