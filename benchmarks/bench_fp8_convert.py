@@ -11,7 +11,10 @@ so the kept-in-BF16 share stays near the real model's ~1%), then in the same run
   - the in-memory quantiser alone on one process and thread (no I/O), with and without the error pass.
 Conversion GB/s counts BF16 input bytes per second of the converter's own clock (process start-up, ~1-2 s
 of importing torch, is reported separately). Peak RSS is the largest resident set of the converter's main
-process and its workers. All inputs are read once before timing so every run reads from the page cache.
+process and its workers (getrusage, cross-checked by sampling the process tree with psutil), next to the RSS
+of a python that has only imported torch. All inputs are read once before each timed run so every run reads
+from the page cache; runs are interleaved and repeated, and the best of each kind is reported (the load
+average is recorded: on a shared machine the spread is large).
 """
 
 from __future__ import annotations
@@ -112,6 +115,16 @@ def build(src: Path, size_gb: float, shard_gb: float, layers: int) -> dict:
             "largest_tensor_bytes": max(math.prod(s) * 2 for _, s in names)}
 
 
+def describe(src: Path) -> dict:
+    from repro.fp8.st import read_header
+
+    files = sorted(src.glob("*.safetensors"))
+    infos = [t for f in files for t in read_header(f)[0]]
+    return {"layers": None, "experts_per_layer": None, "tensors": len(infos), "shards": len(files),
+            "bytes": sum(f.stat().st_size for f in files), "largest_shard_bytes": max(f.stat().st_size for f in files),
+            "largest_tensor_bytes": max(t.nbytes for t in infos)}
+
+
 def sh(cmd: str) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, shell=True, check=True)
@@ -134,16 +147,37 @@ def time_cp(src: Path, dst: Path, with_sync: bool) -> float:
 
 
 def time_convert(src: Path, dst: Path, workers: int, fmt: str, fsync: bool) -> dict:
+    """One `repro convert` run; its RSS (main process + workers) is also sampled every 20 ms with psutil."""
+    import psutil
+
     shutil.rmtree(dst, ignore_errors=True)
     sh("sync")
     warm(src)
     cmd = [sys.executable, "-m", "repro", "convert", "--input", str(src), "--output", str(dst), "--format", fmt,
            "--workers", str(workers), "--json"] + ([] if fsync else ["--no-fsync"])
     start = time.perf_counter()
-    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    parent, sampled = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            tree = [parent] + parent.children(recursive=True)
+            sampled = max([sampled] + [p.memory_info().rss for p in tree if p.is_running()])
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate()
     wall = time.perf_counter() - start
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**out, "wall_seconds": wall}
+    if proc.returncode:
+        raise SystemExit(f"convert failed: {stderr}")
+    out = json.loads(stdout.strip().splitlines()[-1])
+    return {**out, "wall_seconds": wall, "sampled_peak_rss_mib": sampled / 2**20}
+
+
+def baseline_rss_mib() -> float:
+    """RSS of a python that has imported torch and repro.fp8 and done nothing else."""
+    code = "import resource, torch, repro.fp8.convert; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    return int(out.stdout) / 1024
 
 
 def quantiser_alone(fmt: str) -> dict:
@@ -170,35 +204,50 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--format", default="e4m3fnuz", choices=["e4m3fn", "e4m3fnuz"])
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved repetitions; the best of each is reported")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_fp8_convert.json"))
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    ap.add_argument("--reuse-input", action="store_true", help="reuse a synthetic checkpoint kept by --keep")
     args = ap.parse_args()
 
     base = Path(args.dir)
     src, cp_dst, fp8_dst = base / "bf16", base / "cp", base / "fp8"
     print(f"building ~{args.size_gb} GB synthetic DSV4-shaped checkpoint in {src} ...", flush=True)
     t = time.perf_counter()
-    info = build(src, args.size_gb, args.shard_gb, args.layers)
+    info = describe(src) if args.reuse_input and (src / "config.json").exists() else build(
+        src, args.size_gb, args.shard_gb, args.layers)
     print(f"  {info['bytes'] / 1e9:.2f} GB, {info['shards']} shards, {info['tensors']} tensors ({time.perf_counter() - t:.0f} s)")
     gb = info["bytes"] / 1e9
     load_before = os.getloadavg()
-    cp_s = time_cp(src, cp_dst, with_sync=False)
-    conv = time_convert(src, fp8_dst, args.workers, args.format, fsync=False)
-    cp_sync_s = time_cp(src, cp_dst, with_sync=True)
-    conv_sync = time_convert(src, fp8_dst, args.workers, args.format, fsync=True)
+    runs: dict[str, list] = {"cp": [], "convert": [], "cp_sync": [], "convert_fsync": []}
+    for _ in range(args.repeats):  # interleaved, best of N: the machine may be shared
+        runs["cp"].append(gb / time_cp(src, cp_dst, with_sync=False))
+        runs["convert"].append(time_convert(src, fp8_dst, args.workers, args.format, fsync=False))
+        runs["cp_sync"].append(gb / time_cp(src, cp_dst, with_sync=True))
+        runs["convert_fsync"].append(time_convert(src, fp8_dst, args.workers, args.format, fsync=True))
     shutil.rmtree(cp_dst, ignore_errors=True)
     alone = quantiser_alone(args.format)
+    cp_best, cp_sync_best = max(runs["cp"]), max(runs["cp_sync"])
+    conv = max(runs["convert"], key=lambda r: r["input_gb_per_s"])
+    conv_sync = max(runs["convert_fsync"], key=lambda r: r["input_gb_per_s"])
+    every_conv = runs["convert"] + runs["convert_fsync"]
     result = {
         "checkpoint": info, "format": args.format, "workers": args.workers, "cpu_count": os.cpu_count(),
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "cp_gb_per_s": round(gb / cp_s, 3),
+        "repeats": args.repeats, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "cp_gb_per_s": round(cp_best, 3),
         "convert_gb_per_s": conv["input_gb_per_s"],
-        "ratio_to_cp": round(conv["input_gb_per_s"] / (gb / cp_s), 3),
-        "cp_sync_gb_per_s": round(gb / cp_sync_s, 3),
+        "ratio_to_cp": round(conv["input_gb_per_s"] / cp_best, 3),
+        "cp_sync_gb_per_s": round(cp_sync_best, 3),
         "convert_fsync_gb_per_s": conv_sync["input_gb_per_s"],
-        "ratio_fsync_to_cp_sync": round(conv_sync["input_gb_per_s"] / (gb / cp_sync_s), 3),
+        "ratio_fsync_to_cp_sync": round(conv_sync["input_gb_per_s"] / cp_sync_best, 3),
+        "all_runs_gb_per_s": {"cp": [round(x, 3) for x in runs["cp"]],
+                              "convert": [r["input_gb_per_s"] for r in runs["convert"]],
+                              "cp_sync": [round(x, 3) for x in runs["cp_sync"]],
+                              "convert_fsync": [r["input_gb_per_s"] for r in runs["convert_fsync"]]},
         "convert_wall_seconds_incl_startup": round(conv["wall_seconds"], 2),
-        "peak_rss_mib": max(conv["peak_rss_mib"], conv_sync["peak_rss_mib"]),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in every_conv),
+        "sampled_peak_rss_mib": round(max(r["sampled_peak_rss_mib"] for r in every_conv), 1),
+        "baseline_rss_mib_torch_imported": round(baseline_rss_mib(), 1),
         "largest_shard_mib": round(info["largest_shard_bytes"] / 2**20, 1),
         "largest_tensor_mib": round(info["largest_tensor_bytes"] / 2**20, 1),
         "rel_error_max": conv["rel_error_max"], "size_ratio": conv["size_ratio"],
@@ -207,7 +256,7 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    print(f"\n| input | workers | cp | convert | ratio | cp+sync | convert+fsync | ratio | peak RSS | largest shard |")
+    print("\n| input | workers | cp | convert | ratio | cp+sync | convert+fsync | ratio | peak RSS | largest shard |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {gb:.2f} GB, {info['shards']} shards | {args.workers} of {os.cpu_count()} cores | {result['cp_gb_per_s']} GB/s "
           f"| {result['convert_gb_per_s']} GB/s | {result['ratio_to_cp']} | {result['cp_sync_gb_per_s']} GB/s "

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from repro.fp8.rules import decide, decision_table, scale_name, scale_shape
-from repro.fp8.tiny import build_tiny_model
+from repro.model.tiny import build_tiny_model
 
 # Linear layers that DeepSeek ships in FP8 (every other tensor stays high precision).
 V4_CHECKPOINT_FP8 = [

@@ -10,7 +10,7 @@ What it guarantees:
   error bound) and written before the next is read, so memory is bounded by the largest tensor (plus
   cache-sized scratch), not by the shard or the model. `workers` converts shards in parallel processes.
 - The output is built in `<output>.partial` and renamed to `<output>` only when complete. Each finished
-  shard is fsync'd and gets a done-marker (`.done/<shard>.json`: input size/mtime, output sha256, stats);
+  shard is fsync'd and gets a done-marker (`.done/<shard>.json`: input size/mtime, output CRC-32, stats);
   a re-run with the same options skips shards whose marker and output still match, and a run that fails on
   bad input removes `<output>.partial`.
 - An e4m3fn FP8 checkpoint given with fmt="e4m3fnuz" is converted by vLLM's ROCm rule instead.
@@ -34,7 +34,7 @@ import repro
 from repro.errors import CheckpointError
 from repro.fp8.quant import BLOCK_SIZE, FP8Format, get_format
 from repro.fp8.rules import decide
-from repro.fp8.st import StreamingWriter, TensorInfo, file_sha256, read_header, read_tensor
+from repro.fp8.st import StreamingWriter, TensorInfo, file_crc32, read_header, read_tensor
 from repro.fp8.stream import check_input_dtype, fn_to_fnuz_tensors, planned_outputs, quantize_tensors
 from repro.fp8.verify import TensorStats, stats_table, summarise
 
@@ -244,9 +244,12 @@ def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: Convert
             if _progress:
                 _progress(sh.fingerprint["size"] - sum(t.nbytes for t in sh.tensors))  # header bytes
 
+            # One read buffer for the shard: each tensor is converted and written before the next is read.
+            buffer = torch.empty(max((t.nbytes for t in sh.tensors), default=0), dtype=torch.uint8)
+
             def items():
                 for info in sh.tensors:
-                    yield info.name, read_tensor(f, info, sh.src)
+                    yield info.name, read_tensor(f, info, sh.src, buffer)
                     if _progress:
                         _progress(info.nbytes)
 
@@ -259,7 +262,7 @@ def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: Convert
                 converted = fn_to_fnuz_tensors(items(), on_stats=stats.append, where=sh.src)
             for name, tensor in converted:
                 writer.write(name, tensor)
-        sha = writer.close(fsync=opts.fsync)
+        crc = writer.close(fsync=opts.fsync)
     except BaseException:
         writer.abort()
         raise
@@ -270,7 +273,7 @@ def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: Convert
     marker = {
         "shard": sh.name,
         "input": sh.fingerprint,
-        "output": {"size": out.stat().st_size, "sha256": sha},
+        "output": {"size": out.stat().st_size, "crc32": crc},
         "stats": [s.to_dict() for s in stats],
     }
     _write_json_atomic(tmp_dir / ".done" / f"{sh.name}.json", marker)
@@ -288,14 +291,19 @@ def _run(todo: list[_Shard], tmp: Path, mode: str, fmt: FP8Format, opts: Convert
     try:
         workers = min(max(1, opts.workers), len(todo))
         if workers <= 1:
-            _progress = bar.update
-            for sh in todo:
-                markers[sh.name] = _convert_shard(sh, str(tmp), mode, fmt.name, opts)
+            # One intra-op thread: the slab ops are cache-sized, and OpenMP threads that wait for each other
+            # on a busy machine made a run ~50x slower here. Parallelism comes from `workers` processes.
+            _progress, threads = bar.update, torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                for sh in todo:
+                    markers[sh.name] = _convert_shard(sh, str(tmp), mode, fmt.name, opts)
+            finally:
+                torch.set_num_threads(threads)
             return markers
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(queue, threads)) as pool:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(queue, 1)) as pool:
             pending = {pool.submit(_convert_shard, sh, str(tmp), mode, fmt.name, opts) for sh in todo}
             try:
                 while pending:
@@ -342,13 +350,13 @@ def _prepare_partial(tmp: Path, run_key: dict) -> None:
 
 
 def _valid_marker(tmp: Path, sh: _Shard) -> dict | None:
-    """The shard's done-marker if its input is unchanged and its output is intact (size and sha256)."""
+    """The shard's done-marker if its input is unchanged and its output is intact (size and CRC-32)."""
     path = tmp / ".done" / f"{sh.name}.json"
     try:
         marker = json.loads(path.read_text())
         out = tmp / sh.name
         if (marker["input"] == sh.fingerprint and out.stat().st_size == marker["output"]["size"]
-                and file_sha256(out) == marker["output"]["sha256"]):
+                and file_crc32(out) == marker["output"]["crc32"]):
             return marker
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -393,6 +401,15 @@ def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[_Shard
     _write_json_atomic(tmp / REPORT, report)
     shutil.rmtree(tmp / ".done")
     (tmp / ".run.json").unlink()
+    if opts.fsync:  # the small files too, and the folder, before the rename makes it look complete
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        dir_fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     if dst.exists():  # overwrite: move the old one aside only now that the new one is complete
         old = dst.with_name(dst.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
