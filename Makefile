@@ -31,3 +31,21 @@ lab: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+# Megatron-core trainer lane: its own venv so the main pins stay untouched (torch pinned exactly: a looser pin
+# pulls a multi-GB CUDA build), then tests/megatron, which `make test` skips while megatron.core is not importable.
+MEGATRON_VENV  ?= .venv-megatron
+MEGATRON_PY    := $(MEGATRON_VENV)/bin/python
+MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
+
+.PHONY: test-megatron
+
+$(MEGATRON_STAMP): pyproject.toml
+	@test -x $(MEGATRON_PY) || $(PYTHON) -m venv $(MEGATRON_VENV)
+	$(MEGATRON_PY) -m pip install --quiet --upgrade pip
+	$(MEGATRON_PY) -m pip install --quiet 'torch==2.13.0' 'megatron-core==0.16.1' 'pytest==9.0.3'
+	$(MEGATRON_PY) -m pip install --quiet -e .
+	@touch $(MEGATRON_STAMP)
+
+test-megatron: $(MEGATRON_STAMP)
+	$(MEGATRON_PY) -m pytest -q --disable-warnings tests/megatron
