@@ -79,7 +79,7 @@ def test_amd_recipe_on_a_laptop_fails_the_gpu_count_clearly():
     assert results["ray"].status == FAIL and "no Ray cluster found" in results["ray"].detail
     assert results["gpu_count"].status == FAIL
     assert results["gpu_count"].detail.startswith("0 of 24 GPUs") and "`ray status` should report 24 GPUs" in results["gpu_count"].detail
-    assert results["accelerator"].status == FAIL and "no ROCM GPU visible" in results["accelerator"].detail
+    assert results["accelerator"].status == FAIL and "no ROCm GPU visible" in results["accelerator"].detail
 
 
 # -- one check at a time --------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def test_accelerator_kind_and_arch():
     assert C.check_accelerator(AMD, amd_cluster_facts()).status == PASS
     nvidia = amd_cluster_facts(accelerator="cuda", arch="sm_90", device_name="NVIDIA H200")
     result = C.check_accelerator(AMD, nvidia)
-    assert result.status == FAIL and "expects ROCM" in result.detail and "cluster.accelerator: cuda" in result.fix
+    assert result.status == FAIL and "expects ROCm" in result.detail and "cluster.accelerator: cuda" in result.fix
     assert C.check_accelerator(AMD, amd_cluster_facts(arch="gfx950")).status == WARN
 
 

@@ -109,6 +109,10 @@ def fp8_format_for(accelerator: str, arch: str | None) -> str | None:
     return None
 
 
+def _kind(accelerator: str) -> str:
+    return {"rocm": "ROCm", "cuda": "CUDA", "cpu": "CPU", "none": "no"}.get(accelerator, accelerator)
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
@@ -188,13 +192,13 @@ def check_accelerator(recipe: "Recipe", facts: Facts) -> CheckResult:
     want = recipe.cluster.accelerator
     seen = f"{facts.device_count} x {facts.device_name or '?'} ({facts.arch or 'arch unknown'})"
     if facts.accelerator == "none":
-        return CheckResult("accelerator", FAIL, f"no {want.upper()} GPU visible to torch on this host "
+        return CheckResult("accelerator", FAIL, f"no {_kind(want)} GPU visible to torch on this host "
                                                  f"(torch {facts.versions.get('torch') or '?'})",
-                           f"run on a node of the cluster with the {want.upper()} build of torch"
+                           f"run on a node of the cluster with the {_kind(want)} build of torch"
                            + (f" ({cluster_pins()['torch']}+rocm{cluster_pins()['rocm']})" if want == "rocm" else ""))
     if facts.accelerator != want:
-        return CheckResult("accelerator", FAIL, f"torch sees {facts.accelerator.upper()} GPUs ({seen}), the recipe expects {want.upper()}",
-                           f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {want.upper()} cluster")
+        return CheckResult("accelerator", FAIL, f"torch sees {_kind(facts.accelerator)} GPUs ({seen}), the recipe expects {_kind(want)}",
+                           f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {_kind(want)} cluster")
     if want == "rocm" and facts.arch and not facts.arch.startswith("gfx942"):
         return CheckResult("accelerator", WARN, f"{seen}: AMD's run used MI308X (gfx942)",
                            "fine to run; throughput and FP8 encoding differ from AMD's numbers")
@@ -209,9 +213,12 @@ def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
         return CheckResult("fp8_format", SKIP, f"SKIP ({CPU_MODE_SKIP}; FP8 is emulated in software as "
                                                f"rollout.fp8_format={configured})")
     hardware = fp8_format_for(facts.accelerator, facts.arch)
+    if hardware is None and facts.accelerator == "none":
+        return CheckResult("fp8_format", FAIL, "no GPU here to read the FP8 encoding from (MI308X, gfx942: e4m3fnuz; "
+                                               f"gfx950/NVIDIA: e4m3fn); rollout.fp8_format={configured}",
+                           "run repro check on a node of the cluster")
     if hardware is None:
-        return CheckResult("fp8_format", WARN if facts.accelerator != "none" else FAIL,
-                           f"cannot tell the FP8 encoding: accelerator {facts.accelerator}, arch {facts.arch or 'unknown'}",
+        return CheckResult("fp8_format", WARN, f"cannot tell the FP8 encoding: {_kind(facts.accelerator)} GPU, arch unknown",
                            "install rocminfo or amd-smi (ROCm) so the architecture can be read, then rerun")
     if configured == "auto":
         return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware}; rollout.fp8_format: auto picks it")
@@ -241,7 +248,7 @@ def check_torch(recipe: "Recipe", facts: Facts) -> CheckResult:
         return CheckResult("torch", WARN, f"torch {have}, the project pins {pin}", f"install torch {pin} ({build} build)")
     if not cpu_mode(recipe) and build.lower() != recipe.cluster.accelerator:
         return CheckResult("torch", FAIL, f"torch {have} is a {build} build, the recipe needs the "
-                                          f"{recipe.cluster.accelerator.upper()} build",
+                                          f"{_kind(recipe.cluster.accelerator)} build",
                            f"install torch {pin}+rocm{cluster_pins()['rocm']} from the ROCm wheel index"
                            if recipe.cluster.accelerator == "rocm" else f"install torch {pin} with CUDA")
     return CheckResult("torch", PASS, f"torch {have} ({build} build), pin {pin}")
@@ -276,7 +283,7 @@ def _check_package(name: str, key: str, why_not: str) -> Check:
         if have is None:
             want = f" {pin}" if pin else ""
             return CheckResult(name, FAIL, f"{key} is not installed; the recipe's {'rollout' if key == 'vllm' else 'trainer'} needs it",
-                               f"install {key}{want} (the {recipe.cluster.accelerator.upper()} build) on every node")
+                               f"install {key}{want} (the {_kind(recipe.cluster.accelerator)} build) on every node")
         if pin and not _matches(have, pin):
             return CheckResult(name, WARN, f"{key} {have}, AMD ran {pin}", f"install {key}=={pin} to match the published run")
         return CheckResult(name, PASS, f"{key} {have}" + (f" = pin {pin}" if pin else " (no pin: any version)"))
@@ -428,7 +435,7 @@ def summary_line(recipe: "Recipe", results: list[CheckResult]) -> str:
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     mode = ("CPU mode: the tiny recipe needs no accelerator, GPU checks are skipped"
             if cpu_mode(recipe) else
-            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {recipe.cluster.accelerator.upper()} GPUs expected")
+            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {_kind(recipe.cluster.accelerator)} GPUs expected")
     verdict = "NOT READY" if counts[FAIL] else "ready"
     return f"recipe {recipe.name} ({mode}): {verdict} — {tally}"
 
