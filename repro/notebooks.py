@@ -295,6 +295,10 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
                                                 kernel_name=kernel)
         result.seconds[name] = time.perf_counter() - started
         log(f"[{name}] done in {result.seconds[name]:.1f} s -> {notebooks_dir / (name + '.ipynb')}")
+        if name == "00_cluster_check" and result.results[name].get("failed"):
+            raise NotebookError(f"notebook {name}: the cluster is not ready for recipe {recipe}: "
+                                f"{result.results[name].get('summary', 'a check failed')} "
+                                f"(see {notebooks_dir / (name + '.ipynb')}); the chain stops before the runs")
     return result
 
 
