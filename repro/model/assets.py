@@ -5,8 +5,9 @@ Layout (package data, ``repro/assets/**``)::
     repro/assets/tiny-dsv4-warm/            HF checkpoint folder (+ warmstart.json: provenance and accuracies)
     repro/assets/tiny-dsv4-warm.sha256      ``sha256sum -c`` format, one line per file of the folder
 
-Regenerating is deterministic for a given seed and thread count on one machine; another CPU may round
-differently, so a regenerated folder gets its hashes recorded afresh.
+Regenerating gives bit-identical weights for a given seed and thread count on one machine (another CPU may
+round differently), but ``warmstart.json`` records wall times and load, so its hash never repeats: a
+regenerated folder gets its hashes recorded afresh.
 """
 
 from __future__ import annotations
