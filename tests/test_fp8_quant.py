@@ -180,3 +180,13 @@ def test_accepts_fp16_and_fp32_and_rejects_others():
         quantize_block(torch.ones(4, 4, dtype=torch.float64))
     with pytest.raises(ValueError):
         quantize_block(torch.ones(4))
+
+
+def test_error_pass_with_huge_values():
+    """Block scales above 2^8 take the two-multiply branch of the error pass; figures still match."""
+    w = _weights((300, 200), seed=7).float() * 1e7
+    q, s, err = quantize_block_with_error(w)
+    assert s.max().item() > 2**8
+    d = dequantize_block(q, s) - w
+    assert err.rel_error == pytest.approx((d.norm() / w.norm()).item(), rel=1e-4)
+    assert err.max_abs_err == pytest.approx(d.abs().max().item(), rel=1e-6)

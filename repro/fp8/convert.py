@@ -227,10 +227,10 @@ def plan_table(src: str | Path):
 _progress = None  # callable(nbytes) in this process, or a queue in a worker process
 
 
-def _init_worker(queue, threads: int) -> None:
+def _init_worker(queue) -> None:
     global _progress
     _progress = queue.put
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # see _run
 
 
 def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions) -> dict:
@@ -303,7 +303,7 @@ def _run(todo: list[_Shard], tmp: Path, mode: str, fmt: FP8Format, opts: Convert
             return markers
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(queue, 1)) as pool:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(queue,)) as pool:
             pending = {pool.submit(_convert_shard, sh, str(tmp), mode, fmt.name, opts) for sh in todo}
             try:
                 while pending:

@@ -63,8 +63,9 @@ def get_format(fmt: str | FP8Format | torch.dtype) -> FP8Format:
 # Scales are at least the smallest normal fp32, so 1/scale stays finite for an all-zero block (which
 # then quantises to zeros) and for blocks of denormal-sized values.
 _MIN_SCALE = 2.0**-126
-# CPU slab size in elements: big enough to amortise per-op overhead, small enough to stay in L2/L3.
-_CPU_SLAB_ELEMS = 1 << 17
+# CPU slab size in elements: big enough to amortise the ~5 us per-op overhead of eager torch, small enough
+# for the five scratch buffers to stay in cache.
+_CPU_SLAB_ELEMS = 1 << 19
 
 
 @dataclass
@@ -165,19 +166,22 @@ def _quantize(
     q = torch.empty(w3.shape, dtype=fmt.dtype, device=w.device)
     scale = torch.empty((w3.shape[0], -(-n // block), -(-k // block)), dtype=torch.float32, device=w.device)
     err = ErrorSums() if with_error else None
-    if w.device.type == "cpu":
-        slab_rows = block * max(1, _CPU_SLAB_ELEMS // (block * max(k, 1)))
+    if w.device.type == "cpu":  # slabs of whole blocks: block-rows x a run of block-columns, ~_CPU_SLAB_ELEMS
+        slab_cols = min(k, block * max(1, _CPU_SLAB_ELEMS // (block * block)))
+        slab_rows = block * max(1, _CPU_SLAB_ELEMS // (block * max(slab_cols, 1)))
     else:
-        slab_rows = max(n, 1)
-    work = _Workspace(min(slab_rows, n) * k, w.device)
+        slab_rows, slab_cols = max(n, 1), max(k, 1)
+    work = _Workspace(min(slab_rows, n) * slab_cols, w.device)
     full = n // block * block
-    slabs = [(r, min(r + slab_rows, full)) for r in range(0, full, slab_rows)]
+    rows = [(r, min(r + slab_rows, full)) for r in range(0, full, slab_rows)]
     if full < n:
-        slabs.append((full, n))  # the one partial block-row at the bottom edge
+        rows.append((full, n))  # the one partial block-row at the bottom edge
+    cols = [(c, min(c + slab_cols, k)) for c in range(0, k, slab_cols)]
     for e in range(w3.shape[0]):
-        for r0, r1 in slabs:
-            b0 = r0 // block
-            _quantize_slab(w3[e, r0:r1], q[e, r0:r1], scale[e, b0 : b0 + -(-(r1 - r0) // block)], fmt, block, pow2, err, work)
+        for r0, r1 in rows:
+            for c0, c1 in cols:
+                s = scale[e, r0 // block : -(-r1 // block), c0 // block : -(-c1 // block)]
+                _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, err, work)
     if err is not None:
         err.numel = w.numel()
     return q.reshape(w.shape), scale.reshape(*lead, *scale.shape[1:]), err
@@ -202,7 +206,8 @@ def _ceil_pow2(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, err: ErrorSums | None, work: _Workspace):
-    """x [rows, K] -> q [rows, K], s [gb, nbk]; rows is a multiple of `block` or the one partial block-row."""
+    """x [rows, cols] -> q [rows, cols], s [gb, nbk] (views into the tensor's outputs). rows is a multiple of
+    `block` or the one partial block-row; cols is a multiple of `block` except in the last column slab."""
     rows, k = x.shape
     gb = s.shape[0]
     rb = rows // gb
@@ -248,29 +253,29 @@ def _accumulate_error(f, a, q, scale, fmt: FP8Format, split, y, b, err: ErrorSum
     Round-to-nearest keeps the sign, so deq and f never have opposite signs and |deq - f| = ||deq| - |f||:
     only the magnitude bits are decoded (see `fp8_to_float`).
     """
-    q8 = q.view(torch.uint8)
-    torch.bitwise_and(q8, 0x7F, out=b)
-    if fmt.name == "e4m3fn":
-        err.fp8_nan += int(b.max()) == 0x7F  # fn NaN: S.1111.111
-    else:
-        err.fp8_nan += int(q.view(torch.int8).min()) == -128  # fnuz NaN: 1.0000.000
+    torch.bitwise_and(q.view(torch.uint8), 0x7F, out=b)
+    # NaN bit patterns: fn S.1111.111 (largest magnitude byte 0x7F), fnuz 1.0000.000 (int8 -128)
+    nan_probe = b.max() if fmt.name == "e4m3fn" else q.view(torch.int8).min()
     bits = y.view(torch.int32)
     bits.copy_(b)
     bits.bitwise_left_shift_(20)
     d = bits.view(torch.float32)  # |q| * 2^(bias - 127)
-    factor = 2.0 ** (127 - fmt.exponent_bias)
-    if float(scale.max()) < 2.0 ** (fmt.exponent_bias - 2):  # scale * factor stays finite: one multiply
-        scale = scale * factor
-    else:
-        d.mul_(factor)
     d_main, d_tail = split(d)
+    factor = 2.0 ** (127 - fmt.exponent_bias)
+    if bool(torch.isfinite(scale * factor).all()):  # one multiply by (scale x factor) per element
+        scale = scale * factor
+    else:  # block scales above ~2^8, i.e. |w| > ~10^5: two multiplies, or scale x factor would overflow
+        d.mul_(factor)
     if d_main.shape[2]:
         d_main.mul_(scale[:, None, : d_main.shape[2], None])
     if d_tail.shape[2]:
         d_tail.mul_(scale[:, d_main.shape[2] :, None])
     d.sub_(a)  # |deq| - |w|
-    # vector_norm, not dot: MKL's dot stalls for ~10 ms per call when the cores are oversubscribed
-    err.sum_sq_err += float(torch.linalg.vector_norm(d)) ** 2
-    err.sum_sq_ref += float(torch.linalg.vector_norm(a)) ** 2
+    # One conversion to Python per slab. vector_norm, not dot: MKL's dot stalls ~10 ms a call on busy cores.
     lo, hi = torch.aminmax(d)
-    err.max_abs_err = max(err.max_abs_err, -float(lo), float(hi))
+    stats = torch.stack([torch.linalg.vector_norm(d), torch.linalg.vector_norm(a), -lo, hi, nan_probe.float()])
+    norm_err, norm_ref, neg, pos, probe = stats.tolist()
+    err.sum_sq_err += norm_err**2
+    err.sum_sq_ref += norm_ref**2
+    err.max_abs_err = max(err.max_abs_err, neg, pos)
+    err.fp8_nan += probe == (0x7F if fmt.name == "e4m3fn" else -128)
