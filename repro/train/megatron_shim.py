@@ -10,6 +10,9 @@ What megatron-core assumes that a CPU box lacks, and what stands in for it here:
   * the tensor-parallel RNG tracker forks CUDA RNG states: ``model_parallel_cuda_manual_seed(...,
     inference_rng_tracker=True)`` uses the tracker that does not touch the CUDA RNG (the model has no dropout,
     so the forward draws no random numbers anyway);
+  * full activation recompute saves and restores the CUDA RNG state around each recomputed block:
+    ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` become an empty state / a no-op
+    (the CPU RNG, which it also saves, is the one a CPU forward would draw from);
   * ``moe_utils.te_general_gemm`` is Transformer Engine's GEMM, imported optimistically: set to ``None`` so the
     MoE code takes its torch path;
   * a process group: gloo, world size 1, over an in-memory store (no port, no env vars).
@@ -38,8 +41,11 @@ def install_cpu_shim() -> None:
     if _installed:
         return
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    from megatron.core.tensor_parallel import random as mp_random
     from megatron.core.transformer.moe import moe_utils
 
+    mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     moe_utils.te_general_gemm = None
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -62,3 +62,26 @@ def test_state_from_another_backend_is_refused(tmp_path):
     (folder / "trainer_state.json").write_text(meta)
     with pytest.raises(TrainerError, match="trainer_state.json.*megatron"):
         trainer.load(folder)
+
+
+def test_full_recompute_replays_the_same_experts_in_backward():
+    """AMD recomputes every layer in backward: the recomputed forward must route the replayed experts again, or
+    its activations would not match the saved ones. Replaying experts the model would NOT pick makes that show."""
+    from test_trainer_contract import assert_same_gradients, with_old_logprobs
+
+    reference = build_tiny_gpt_moe(seed=MODEL_SEED)
+    batch = make_megatron_batch(reference)
+    batch.routing = {layer: (idx + 1) % 8 for layer, idx in batch.routing.items()}
+    plain = MegatronTrainer(reference, temperature=0.8)
+    with_old_logprobs(plain, batch)
+    expected = plain.gradients(batch)
+    recomputed = build_tiny_gpt_moe(seed=MODEL_SEED, recompute_granularity="full", recompute_method="uniform",
+                                    recompute_num_layers=1)
+    trainer = MegatronTrainer(recomputed, temperature=0.8)
+    calls = []
+    hooks = [r.module.register_forward_hook(lambda *args: calls.append(1)) for r in trainer.routers.values()]
+    got = trainer.gradients(batch)
+    for hook in hooks:
+        hook.remove()
+    assert len(calls) == 2 * len(trainer.routers)  # one micro-batch: forward + recomputed forward per MoE layer
+    assert_same_gradients(expected, got)
