@@ -82,11 +82,20 @@ def test_worker_and_engine_arguments_follow_the_recipe():
 def test_launch_without_backends_stops_naming_them(monkeypatch):
     import repro.cluster.launch as launch_module
 
-    monkeypatch.setattr(launch_module.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(launch_module, "module_available", lambda name: False)
     assert len(missing_backends(load_recipe(AMD))) == 2
     assert missing_backends(load_recipe("tiny-cpu")) == []  # embedded backends: nothing to find
     with pytest.raises(LaunchError, match=r"missing the Megatron-core trainer backend \(repro/train/megatron_backend.py\).*"
                                           r"the vLLM rollout engine \(repro/rollout/vllm_engine.py\)"):
+        _launch(["--recipe", AMD])
+
+
+def test_launch_with_backends_but_single_worker_groups_says_what_is_not_wired(monkeypatch):
+    import repro.cluster.launch as launch_module
+
+    monkeypatch.setattr(launch_module, "module_available", lambda name: True)
+    assert missing_backends(load_recipe(AMD)) == []
+    with pytest.raises(LaunchError, match=r"16 trainer ranks, but repro.cluster.groups.RayGroups starts one trainer"):
         _launch(["--recipe", AMD])
 
 

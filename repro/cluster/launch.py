@@ -149,10 +149,14 @@ def vllm_sampling_args(recipe: "Recipe") -> dict[str, Any]:
             "top_k": r.top_k, "max_tokens": recipe.lengths.max_response, "logprobs": 0}
 
 
+def module_available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 def missing_backends(recipe: "Recipe") -> list[str]:
     """Backends the recipe names that are not importable here (empty for the embedded CPU backends)."""
     needed = [CLUSTER_BACKENDS[b] for b in (recipe.actor.backend, recipe.rollout.backend) if b in CLUSTER_BACKENDS]
-    return [f"{what} (module {module})" for module, what in needed if importlib.util.find_spec(module) is None]
+    return [f"{what} (module {module})" for module, what in needed if not module_available(module)]
 
 
 # -- the dry run ---------------------------------------------------------------------------------------------
