@@ -26,7 +26,8 @@ Megatron routes a ``[seq * batch]`` token order (sequence first), so ``[B, T, k]
 
 At world size 1 on CPU (tests) ``repro.train.megatron_shim`` patches megatron-core's CUDA assumptions, every
 parallel size is 1 and the optimizer is the project's fp32-master AdamW (``MasterAdamW``, the same update Megatron's
-mixed-precision optimizer does). On a cluster ``megatron_layout(...)["optimizer"]`` is the ``OptimizerConfig`` for
+mixed-precision optimizer does): megatron-core 0.16.1's optimizers allocate on ``device="cuda"`` outright
+(``FP32Optimizer._scale``, ``MixedPrecisionOptimizer._dummy_overflow_buf``), so they cannot be built on CPU. On a cluster ``megatron_layout(...)["optimizer"]`` is the ``OptimizerConfig`` for
 ``get_megatron_optimizer`` and pipeline stages need megatron's forward/backward schedule -- not wired here.
 """
 
