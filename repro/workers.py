@@ -51,11 +51,14 @@ class TrainerWorker:
 class RolloutWorker:
     def __init__(self, recipe: Recipe | dict, model_dir: str | Path):
         recipe = _recipe(recipe)
-        if recipe.rollout.backend != "embedded":
-            raise ReproError(
-                f"rollout.backend={recipe.rollout.backend!r}: only the embedded engine is built in this version; "
-                "the vLLM backend is tracked separately (cluster path)"
-            )
+        if recipe.rollout.backend == "vllm":  # needs vllm installed (`make test-vllm` builds .venv-vllm)
+            from transformers import AutoTokenizer
+
+            from repro.rollout.vllm_engine import VLLMEngine
+
+            eos_id = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+            self.engine = VLLMEngine.from_recipe(recipe, model_dir, eos_id=eos_id)
+            return
         from repro.model.checkpoint import load_checkpoint
         from repro.rollout.embedded import EmbeddedEngine
         from repro.rollout.fp8_view import weight_view_for

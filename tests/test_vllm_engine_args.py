@@ -1,0 +1,52 @@
+"""engine_args_from_recipe: the recipe -> vLLM arguments mapping, pure (runs without vLLM installed)."""
+
+import pytest
+
+from repro.errors import ReproError
+from repro.recipes import load_recipe
+from repro.rollout.vllm_engine import (CLUSTER_PINS, WORKER_EXTENSION, VLLMConfigError, engine_args_from_recipe)
+
+
+def test_cluster_recipe_serves_block_fp8_with_tp8():
+    recipe = load_recipe("amd-dsv4-flash-mi308x")
+    args = engine_args_from_recipe(recipe, "/models/dsv4")
+    assert args == {
+        "model": "/models/dsv4", "tokenizer": "/models/dsv4", "dtype": "bfloat16", "seed": 10086,
+        "max_model_len": 16384, "max_num_seqs": 48, "max_num_batched_tokens": 8192, "enforce_eager": True,
+        "logprobs_mode": "processed_logprobs", "max_logprobs": 0, "enable_prefix_caching": False,
+        "worker_extension_cls": WORKER_EXTENSION, "tensor_parallel_size": 8, "quantization": "fp8_per_block",
+        "kv_cache_dtype": "fp8_e4m3", "gpu_memory_utilization": 0.90,
+    }
+    assert CLUSTER_PINS["vllm"] == "0.25.1" and CLUSTER_PINS["rocm"] == "7.2"
+
+
+def test_bf16_rollout_and_no_routing_replay():
+    recipe = load_recipe("amd-dsv4-flash-mi308x", ["rollout.weight_format=bf16", "routing_replay.enabled=false"])
+    args = engine_args_from_recipe(recipe, "/m")
+    assert args["quantization"] is None and args["enable_prefix_caching"] is True
+
+
+def test_cpu_recipe_is_bf16_tp1_without_chunked_prefill():
+    recipe = load_recipe("tiny-cpu", ["rollout.backend=vllm"])
+    args = engine_args_from_recipe(recipe.model_dump(), "/m")  # a resolved-recipe dict works too
+    assert args["quantization"] is None and args["kv_cache_dtype"] == "auto" and args["tensor_parallel_size"] == 1
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] >= args["max_model_len"] == 64
+    assert args["max_num_seqs"] == 256 and "gpu_memory_utilization" not in args
+    assert args["logprobs_mode"] == "processed_logprobs" and args["seed"] == recipe.seed
+
+
+@pytest.mark.parametrize("override, field", [
+    ("rollout.fp8_block=[64, 64]", "rollout.fp8_block"),
+    ("rollout.fp8_scale=ue8m0", "rollout.fp8_scale"),
+])
+def test_settings_vllm_cannot_serve_are_named(override, field):
+    recipe = load_recipe("amd-dsv4-flash-mi308x", [override])
+    with pytest.raises(VLLMConfigError, match=field) as info:
+        engine_args_from_recipe(recipe, "/m")
+    assert isinstance(info.value, ReproError)
+
+
+def test_cpu_lane_refuses_tensor_parallel():
+    recipe = load_recipe("tiny-cpu", ["rollout.backend=vllm", "rollout.tensor_parallel=2"])
+    with pytest.raises(VLLMConfigError, match="rollout.tensor_parallel=2"):
+        engine_args_from_recipe(recipe, "/m")
