@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warmstart": ("repro.commands.warmstart", "SFT warm start of the tiny DeepSeek-V4 on tiny-math"),
     "convert": ("repro.commands.convert", "convert a BF16 HF checkpoint to block-wise FP8 (e4m3fn / e4m3fnuz)"),
     "run": ("repro.commands.run", "the RL run of a recipe on Ray (--resume continues from the newest checkpoint)"),
+    "check": ("repro.commands.check", "is this machine / Ray cluster ready for a recipe (PASS/WARN/FAIL/SKIP, --json)"),
+    "launch": ("repro.commands.launch", "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),
     "compare": ("repro.commands.compare", "this run beside AMD's published numbers, as a Markdown report"),
     "figures": ("repro.commands.figures", "regenerate AMD's four charts from a run's log (PNG + SVG)"),
     "smoke": ("repro.commands.smoke", "3 optimizer steps of a recipe: the setup check before a long run"),
