@@ -46,6 +46,19 @@ def test_our_notebooks_exist_and_are_in_the_chain():
         assert (NOTEBOOKS_DIR / f"{name}.ipynb").is_file() and name in CHAIN
 
 
+def test_papermill_reads_every_parameter_of_our_notebooks():
+    """A line papermill cannot parse (e.g. '=' or quotes in its comment) is silently missing from inspection."""
+    from repro.notebooks import notebook_parameters
+
+    analysis = {"run_dir", "out_dir", "figures_dir"}
+    expected = {"02_smoke_run": {"recipe", "run_dir", "steps", "overrides", "in_process", "fresh", "out_dir"},
+                "03_full_run": {"recipe", "run_dir", "steps", "overrides", "in_process", "out_dir"},
+                "10_reward_by_phase": analysis | {"phase_len"}, "11_aime": analysis, "12_throughput": analysis,
+                "13_kl_ess": analysis, "20_compare_to_amd": analysis | {"report"}}
+    for name in OURS:
+        assert set(notebook_parameters(name)) == expected[name], name
+
+
 def test_venv_kernel_starts_this_interpreter():
     from jupyter_client.kernelspec import KernelSpecManager
 
