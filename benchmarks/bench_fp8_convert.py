@@ -12,7 +12,8 @@ so the kept-in-BF16 share stays near the real model's ~1%), then in the same run
 Conversion GB/s counts BF16 input bytes per second of the converter's own clock (process start-up, ~1-2 s
 of importing torch, is reported separately). Peak RSS is the largest resident set of the converter's main
 process and its workers (getrusage, cross-checked by sampling the process tree with psutil), next to the RSS
-of a python that has only imported torch. All inputs are read once before each timed run so every run reads
+of a python that has only imported torch. CPU seconds of every process are counted too (GB per CPU-second
+is robust to other load on a shared machine, wall-clock GB/s is not). All inputs are read once before each timed run so every run reads
 from the page cache; runs are interleaved and repeated, and the best of each kind is reported (the load
 average is recorded: on a shared machine the spread is large).
 """
@@ -135,15 +136,16 @@ def warm(src: Path) -> None:
     sh(f"cat {src}/*.safetensors > /dev/null")
 
 
-def time_cp(src: Path, dst: Path, with_sync: bool) -> float:
+def time_cp(src: Path, dst: Path, with_sync: bool) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of `cp -r` (+ `sync`)."""
     shutil.rmtree(dst, ignore_errors=True)
     sh("sync")
     warm(src)
-    start = time.perf_counter()
+    cpu, start = children_cpu_seconds(), time.perf_counter()
     subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
     if with_sync:
         subprocess.run(["sync"], check=True)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, children_cpu_seconds() - cpu
 
 
 def time_convert(src: Path, dst: Path, workers: int, fmt: str, fsync: bool) -> dict:
@@ -155,7 +157,7 @@ def time_convert(src: Path, dst: Path, workers: int, fmt: str, fsync: bool) -> d
     warm(src)
     cmd = [sys.executable, "-m", "repro", "convert", "--input", str(src), "--output", str(dst), "--format", fmt,
            "--workers", str(workers), "--json"] + ([] if fsync else ["--no-fsync"])
-    start = time.perf_counter()
+    cpu, start = children_cpu_seconds(), time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     parent, sampled = psutil.Process(proc.pid), 0
     while proc.poll() is None:
@@ -166,18 +168,26 @@ def time_convert(src: Path, dst: Path, workers: int, fmt: str, fsync: bool) -> d
             pass
         time.sleep(0.02)
     stdout, stderr = proc.communicate()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, children_cpu_seconds() - cpu
     if proc.returncode:
         raise SystemExit(f"convert failed: {stderr}")
     out = json.loads(stdout.strip().splitlines()[-1])
-    return {**out, "wall_seconds": wall, "sampled_peak_rss_mib": sampled / 2**20}
+    return {**out, "wall_seconds": wall, "cpu_seconds": cpu, "sampled_peak_rss_mib": sampled / 2**20}
 
 
 def baseline_rss_mib() -> float:
-    """RSS of a python that has imported torch and repro.fp8 and done nothing else."""
-    code = "import resource, torch, repro.fp8.convert; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    """Peak RSS of a python that has imported torch and repro.fp8 and done nothing else."""
+    code = "from repro.fp8.convert import current_peak_rss; print(current_peak_rss())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    return int(out.stdout) / 1024
+    return int(out.stdout) / 2**20
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU time of all waited-for child processes so far (their own children included)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def quantiser_alone(fmt: str) -> dict:
@@ -221,13 +231,14 @@ def main() -> int:
     load_before = os.getloadavg()
     runs: dict[str, list] = {"cp": [], "convert": [], "cp_sync": [], "convert_fsync": []}
     for _ in range(args.repeats):  # interleaved, best of N: the machine may be shared
-        runs["cp"].append(gb / time_cp(src, cp_dst, with_sync=False))
+        runs["cp"].append(time_cp(src, cp_dst, with_sync=False))
         runs["convert"].append(time_convert(src, fp8_dst, args.workers, args.format, fsync=False))
-        runs["cp_sync"].append(gb / time_cp(src, cp_dst, with_sync=True))
+        runs["cp_sync"].append(time_cp(src, cp_dst, with_sync=True))
         runs["convert_fsync"].append(time_convert(src, fp8_dst, args.workers, args.format, fsync=True))
     shutil.rmtree(cp_dst, ignore_errors=True)
     alone = quantiser_alone(args.format)
-    cp_best, cp_sync_best = max(runs["cp"]), max(runs["cp_sync"])
+    cp_best = gb / min(w for w, _ in runs["cp"])
+    cp_sync_best = gb / min(w for w, _ in runs["cp_sync"])
     conv = max(runs["convert"], key=lambda r: r["input_gb_per_s"])
     conv_sync = max(runs["convert_fsync"], key=lambda r: r["input_gb_per_s"])
     every_conv = runs["convert"] + runs["convert_fsync"]
@@ -240,12 +251,16 @@ def main() -> int:
         "cp_sync_gb_per_s": round(cp_sync_best, 3),
         "convert_fsync_gb_per_s": conv_sync["input_gb_per_s"],
         "ratio_fsync_to_cp_sync": round(conv_sync["input_gb_per_s"] / cp_sync_best, 3),
-        "all_runs_gb_per_s": {"cp": [round(x, 3) for x in runs["cp"]],
+        "all_runs_gb_per_s": {"cp": [round(gb / w, 3) for w, _ in runs["cp"]],
                               "convert": [r["input_gb_per_s"] for r in runs["convert"]],
-                              "cp_sync": [round(x, 3) for x in runs["cp_sync"]],
+                              "cp_sync": [round(gb / w, 3) for w, _ in runs["cp_sync"]],
                               "convert_fsync": [r["input_gb_per_s"] for r in runs["convert_fsync"]]},
+        # CPU time is robust to other load on the machine: GB converted per CPU-second, all processes counted
+        "cp_gb_per_cpu_s": round(gb / min(c for _, c in runs["cp"]), 3),
+        "convert_gb_per_cpu_s": round(gb / min(r["cpu_seconds"] for r in runs["convert"]), 3),
         "convert_wall_seconds_incl_startup": round(conv["wall_seconds"], 2),
         "peak_rss_mib": max(r["peak_rss_mib"] for r in every_conv),
+        "peak_rss_main_mib": max(r["peak_rss_main_mib"] for r in every_conv),
         "sampled_peak_rss_mib": round(max(r["sampled_peak_rss_mib"] for r in every_conv), 1),
         "baseline_rss_mib_torch_imported": round(baseline_rss_mib(), 1),
         "largest_shard_mib": round(info["largest_shard_bytes"] / 2**20, 1),

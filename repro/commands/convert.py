@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     out = {**s, "output": str(result.output_dir), "mode": result.mode, "format": args.format,
            "seconds": round(result.seconds, 3), "input_gb_per_s": round(result.gb_per_s, 4),
            "shards": result.shards, "shards_resumed": result.shards_resumed,
-           "peak_rss_mib": round(result.peak_rss_bytes / 2**20, 1)}
+           "peak_rss_mib": round(result.peak_rss_bytes / 2**20, 1),
+           "peak_rss_main_mib": round(result.peak_rss_self_bytes / 2**20, 1)}
     if args.json:
         print(json.dumps(out))
         return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -67,8 +66,8 @@ class ConversionResult:
     seconds: float
     shards: int
     shards_resumed: int
-    peak_rss_bytes: int  # max over this process and the worker processes
-    peak_rss_self_bytes: int
+    peak_rss_bytes: int  # largest peak RSS of this process and of the workers that converted shards
+    peak_rss_self_bytes: int  # this process alone (includes whatever it held before the conversion)
     summary: dict = field(default_factory=dict)
 
     @property
@@ -115,15 +114,28 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
         raise
     stats = [TensorStats.from_dict(d) for sh in shards for d in markers[sh.name]["stats"]]
     _finalize(src, dst, tmp, config, shards, fmt, mode, opts, stats)
-    usage_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    usage_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    usage_self = current_peak_rss()
+    usage_workers = max((markers[sh.name]["peak_rss_bytes"] for sh in todo), default=0)  # this run's
     return ConversionResult(
         output_dir=dst, mode=mode, stats=stats, input_bytes=total,
         output_bytes=sum(markers[sh.name]["output"]["size"] for sh in shards),
         seconds=time.perf_counter() - start, shards=len(shards), shards_resumed=len(shards) - len(todo),
-        peak_rss_bytes=max(usage_self, usage_children), peak_rss_self_bytes=usage_self,
+        peak_rss_bytes=max(usage_self, usage_workers), peak_rss_self_bytes=usage_self,
         summary=summarise(stats_table(stats)),
     )
+
+
+def current_peak_rss() -> int:
+    """Peak resident set of this process: VmHWM, which (unlike getrusage's ru_maxrss) does not carry over the
+    RSS of the parent that forked a process before it exec'd python."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux; other systems: see VmHWM
 
 
 def read_config(src: Path, fmt: FP8Format) -> tuple[dict, str]:
@@ -275,6 +287,7 @@ def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: Convert
         "input": sh.fingerprint,
         "output": {"size": out.stat().st_size, "crc32": crc},
         "stats": [s.to_dict() for s in stats],
+        "peak_rss_bytes": current_peak_rss(),  # of the process that converted this shard
     }
     _write_json_atomic(tmp_dir / ".done" / f"{sh.name}.json", marker)
     return marker
