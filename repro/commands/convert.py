@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     s = result.summary
     out = {**s, "output": str(result.output_dir), "mode": result.mode, "format": args.format,
            "seconds": round(result.seconds, 3), "input_gb_per_s": round(result.gb_per_s, 4),
+           "shard_seconds": round(result.shard_seconds, 3),
+           "steady_input_gb_per_s": round(result.input_bytes / max(result.shard_seconds, 1e-9) / 1e9, 4)
+           if result.shards_resumed == 0 else None,
            "shards": result.shards, "shards_resumed": result.shards_resumed,
            "peak_rss_mib": round(result.peak_rss_bytes / 2**20, 1),
            "peak_rss_main_mib": round(result.peak_rss_self_bytes / 2**20, 1)}

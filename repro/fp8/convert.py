@@ -63,7 +63,8 @@ class ConversionResult:
     stats: list[TensorStats]
     input_bytes: int  # bytes of the input shards
     output_bytes: int  # bytes of the output shards
-    seconds: float
+    seconds: float  # the whole call, worker start-up included
+    shard_seconds: float  # first shard started -> last shard finished (this run's shards), start-up excluded
     shards: int
     shards_resumed: int
     peak_rss_bytes: int  # largest peak RSS of this process and of the workers that converted shards
@@ -120,6 +121,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
         output_dir=dst, mode=mode, stats=stats, input_bytes=total,
         output_bytes=sum(markers[sh.name]["output"]["size"] for sh in shards),
         seconds=time.perf_counter() - start, shards=len(shards), shards_resumed=len(shards) - len(todo),
+        shard_seconds=max((markers[sh.name]["finished"] for sh in todo), default=0.0)
+        - min((markers[sh.name]["started"] for sh in todo), default=0.0),
         peak_rss_bytes=max(usage_self, usage_workers), peak_rss_self_bytes=usage_self,
         summary=summarise(stats_table(stats)),
     )
@@ -247,6 +250,7 @@ def _init_worker(queue) -> None:
 
 def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions) -> dict:
     """Convert one shard into `tmp`, fsync it, write its done-marker; returns the marker."""
+    started = time.time()
     tmp_dir = Path(tmp)
     out_partial = tmp_dir / (sh.name + ".incomplete")
     stats: list[TensorStats] = []
@@ -288,6 +292,8 @@ def _convert_shard(sh: _Shard, tmp: str, mode: str, fmt_name: str, opts: Convert
         "output": {"size": out.stat().st_size, "crc32": crc},
         "stats": [s.to_dict() for s in stats],
         "peak_rss_bytes": current_peak_rss(),  # of the process that converted this shard
+        "started": started,
+        "finished": time.time(),
     }
     _write_json_atomic(tmp_dir / ".done" / f"{sh.name}.json", marker)
     return marker
