@@ -418,14 +418,18 @@ class LivePlot:
             ax_acc.legend(loc="lower right")
             ax_kl.plot(self.steps, self.kl, ".-", color=RUN_COLOUR)
             ax_kl.set(xlim=(0, max(self.total_steps, 1) + 1), xlabel="step", ylabel="KL(rollout ‖ trainer)",
-                      title="train-rollout mismatch")
+                      title=f"train-rollout KL (AMD at step 75: {amd_value('kl_train_rollout_step75')})")
+            fig.tight_layout()
         return fig
 
     def _image(self):
         from IPython.display import Image
 
+        from repro.plots import styled
+
         buffer = io.BytesIO()
-        self.figure().savefig(buffer, format="png", dpi=80)
+        with styled():
+            self.figure().savefig(buffer, format="png", dpi=80, bbox_inches="tight")
         return Image(data=buffer.getvalue(), format="png")
 
     def __call__(self, step: int, row: dict) -> None:
