@@ -13,7 +13,8 @@ def test_cluster_recipe_serves_block_fp8_with_tp8():
     assert args == {
         "model": "/models/dsv4", "tokenizer": "/models/dsv4", "dtype": "bfloat16", "seed": 10086,
         "max_model_len": 16384, "max_num_seqs": 48, "max_num_batched_tokens": 8192, "enforce_eager": True,
-        "logprobs_mode": "processed_logprobs", "max_logprobs": 0, "enable_prefix_caching": False,
+        "logprobs_mode": "processed_logprobs", "max_logprobs": 0, "enable_prefix_caching": True,
+        "enable_return_routed_experts": True,
         "worker_extension_cls": WORKER_EXTENSION, "tensor_parallel_size": 8, "quantization": "fp8_per_block",
         "kv_cache_dtype": "fp8_e4m3", "gpu_memory_utilization": 0.90,
     }
@@ -23,7 +24,7 @@ def test_cluster_recipe_serves_block_fp8_with_tp8():
 def test_bf16_rollout_and_no_routing_replay():
     recipe = load_recipe("amd-dsv4-flash-mi308x", ["rollout.weight_format=bf16", "routing_replay.enabled=false"])
     args = engine_args_from_recipe(recipe, "/m")
-    assert args["quantization"] is None and args["enable_prefix_caching"] is True
+    assert args["quantization"] is None and args["enable_return_routed_experts"] is False
 
 
 def test_cpu_recipe_is_bf16_tp1_without_chunked_prefill():
@@ -32,6 +33,7 @@ def test_cpu_recipe_is_bf16_tp1_without_chunked_prefill():
     assert args["quantization"] is None and args["kv_cache_dtype"] == "auto" and args["tensor_parallel_size"] == 1
     assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] >= args["max_model_len"] == 64
     assert args["max_num_seqs"] == 256 and "gpu_memory_utilization" not in args
+    assert args["enable_prefix_caching"] is False and "enable_return_routed_experts" not in args  # hook capture
     assert args["logprobs_mode"] == "processed_logprobs" and args["seed"] == recipe.seed
 
 

@@ -25,8 +25,12 @@ What it maps, and how:
   at least one whole context.
 * Finish reasons: vLLM "stop" (the EOS id is passed as a stop token, kept in the output) -> EOS, "length"
   -> LENGTH; anything else (abort) is an error.
-* Routing (R3): captured in the worker by the router hook, mapped back to requests (``vllm_worker``);
-  prefix caching is turned off while recording, since cached prompt tokens would never pass a router.
+* Routing (R3). CPU: captured in the worker by the router hook and mapped back to requests
+  (``vllm_worker``); prefix caching is turned off while recording, since cached prompt tokens would never
+  pass a router. GPU: vLLM's own capture (``enable_return_routed_experts``, Model Runner V2, which the GPU
+  build runs by default and which keeps routing per KV slot, so prefix caching stays correct) returns
+  ``CompletionOutput.routed_experts`` [tokens, moe_layers, top_k]; layer keys are then the index along
+  vLLM's MoE-layer axis. That path is written from vLLM 0.32's source and NOT exercised here (no GPU).
 * Weight updates: checked whole against the checkpoint's names and shapes (as the embedded engine checks
   its state dict), written as one safetensors file under /dev/shm, loaded in place on every worker by
   ``reload_weights`` (checkpoint format; vLLM re-quantises to FP8 on GPU, the CPU experts are re-packed),
@@ -86,7 +90,7 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         "enforce_eager": r.enforce_eager,
         "logprobs_mode": "processed_logprobs",  # log_softmax(logits / T): see the module docstring
         "max_logprobs": 0,                        # only the sampled token's log-prob is ever asked for
-        "enable_prefix_caching": not recipe.routing_replay.enabled,  # cached tokens pass no router
+        "enable_prefix_caching": not recipe.routing_replay.enabled,  # cached tokens pass no router (CPU hook)
         "worker_extension_cls": WORKER_EXTENSION,
     }
     if on_cpu:
@@ -124,6 +128,9 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         quantization=quantization,
         kv_cache_dtype=r.kv_cache_dtype,
         gpu_memory_utilization=r.gpu_memory_utilization,
+        # vLLM's own per-KV-slot routing capture: correct under prefix caching, so caching stays on
+        enable_return_routed_experts=recipe.routing_replay.enabled,
+        enable_prefix_caching=True,
     )
     return args
 
@@ -171,7 +178,10 @@ class VLLMEngine:
         self.scratch_dir = Path(scratch_dir) if scratch_dir else (shm if shm.is_dir() else Path(tempfile.gettempdir()))
         self.llm = LLM(**engine_args)
         self.routing_layers: list[int] = []
-        if record_routing:
+        self.record_routing = record_routing
+        # vLLM's native capture (GPU) returns routing with each completion; otherwise hook the routers
+        self.native_routing = bool(engine_args.get("enable_return_routed_experts"))
+        if record_routing and not self.native_routing:
             answers = self.llm.collective_rpc("repro_install_routing_capture")
             self.routing_layers = list(answers[0])
         self.weight_version = 0
@@ -253,6 +263,17 @@ class VLLMEngine:
                 f"(weights v{self.weight_version})"
             )
         fed = len(prompt) + len(tokens) - 1
+        native = getattr(completion, "routed_experts", None)
+        if self.native_routing and self.record_routing:
+            if native is None or native.shape[0] < fed:
+                raise VLLMRolloutError(
+                    f"generate: vLLM returned no routing for all {fed} fed positions of prompt {prompt_index} "
+                    f"sample {sample_index}"
+                )
+            experts = torch.as_tensor(native[:fed]).to(torch.int64)  # [tokens, moe_layers, top_k]
+            routing = {layer: experts[:, layer] for layer in range(experts.shape[1])}
+            return Trajectory(prompt_index, sample_index, list(prompt), tokens, logprobs, reason,
+                              self.weight_version, routing)
         table = {}
         for layer in self.routing_layers:
             rows = routing.get(layer)

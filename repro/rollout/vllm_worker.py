@@ -47,6 +47,11 @@ class ReproWorkerExtension:
         from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
         runner = self.model_runner
+        if not (hasattr(runner, "_prepare_inputs") and hasattr(runner, "input_batch")):
+            raise RuntimeError(
+                f"{type(runner).__name__} has no _prepare_inputs/input_batch (Model Runner V2?): the router hook "
+                "cannot map tokens to requests; use vLLM's enable_return_routed_experts there"
+            )
         self._repro_routing: dict[str, dict[int, dict[int, torch.Tensor]]] = {}
         self._repro_layout: list[tuple[str, int, int]] = []
         layers = []
