@@ -29,6 +29,9 @@ lab: $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "repro (.venv)"
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 notebooks/
 
+figures: $(STAMP)
+	$(PY) -m repro figures $(RUN)
+
 clean:
 	rm -rf runs .pytest_cache
 
