@@ -56,11 +56,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--set", dest="overrides", action="append", default=None, metavar="FIELD=VALUE",
                         help="recipe overrides (default: the test suite's small run)")
+    parser.add_argument("--suite-first", action="store_true", help="time the suite before the CLI (load drifts)")
     args = parser.parse_args()
     overrides = SMALL if args.overrides is None else args.overrides
     with tempfile.TemporaryDirectory(prefix="bench-nb-") as tmp:
+        if args.suite_first:
+            suite_s, result = suite(Path(tmp) / "suite", args.recipe, args.steps, overrides)
         cli_s = cli(Path(tmp) / "cli", args.recipe, args.steps, overrides)
-        suite_s, result = suite(Path(tmp) / "suite", args.recipe, args.steps, overrides)
+        if not args.suite_first:
+            suite_s, result = suite(Path(tmp) / "suite", args.recipe, args.steps, overrides)
     run_s = sum(result.results[n]["seconds"] for n in ("02_smoke_run", "03_full_run"))
     overhead = suite_s - run_s
     print(f"recipe {args.recipe}, {args.steps} steps, overrides {overrides}")
