@@ -6,11 +6,13 @@ Modules, in reading order:
 - stream.py  (name, tensor) iterator in, converted pairs out: shared by checkpoint conversion and weight sync
 - verify.py  error bound (derived there), per-tensor stats, tables, histogram, independent checkpoint check
 - st.py      streaming safetensors reader/writer
-- convert.py checkpoint folder -> FP8 folder: validation, shards in parallel, atomic output, resume
+- inputs.py  input checks before anything is written: config, shards, headers, dtypes, the output plan
+- convert.py checkpoint folder -> FP8 folder: shards in parallel, atomic output, resume, report
 - tiny.py    a tiny genuine DeepSeek-V4 BF16 checkpoint for the notebook and tests
 """
 
-from repro.fp8.convert import ConversionResult, ConvertOptions, convert_checkpoint, plan_table
+from repro.fp8.convert import ConversionResult, ConvertOptions, convert_checkpoint
+from repro.fp8.inputs import plan_table
 from repro.fp8.quant import FORMATS, dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block
 from repro.fp8.rules import decide, decision_table
 from repro.fp8.stream import fn_to_fnuz_tensors, quantize_tensors
