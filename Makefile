@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 repro: $(STAMP)
-	$(PY) -m repro repro --recipe tiny-cpu --run-dir $(RUN)
+	$(PY) -m repro notebooks --recipe tiny-cpu --run-dir $(RUN) --figures figures
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -30,7 +30,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 notebooks/
 
 figures: $(STAMP)
-	$(PY) -m repro figures $(RUN)
+	$(PY) -m repro figures $(RUN) --out figures
 
 clean:
 	rm -rf runs .pytest_cache

@@ -11,7 +11,7 @@ import sys
 
 # name -> (module, one-line help). Modules are imported lazily so `repro --help` stays fast.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "repro": ("repro.commands.pipeline", "the main job (make repro): warm start if needed, the run, figures, comparison"),
+    "notebooks": ("repro.commands.notebooks", "the main job (make repro): notebooks 00 -> 20 with papermill: run, figures, comparison"),
     "recipe": ("repro.commands.recipe", "validate a recipe and print it resolved"),
     "data": ("repro.commands.data", "write the tiny-math train/held-out sets in the DAPO parquet layout"),
     "build-tiny": ("repro.commands.build_tiny", "build the tiny DeepSeek-V4 checkpoint + tokenizer (random init, seeded)"),
