@@ -16,14 +16,11 @@ from pathlib import Path
 
 import torch
 
-from repro.errors import ReproError
+from repro.errors import CheckpointError
 
 STATE_FILE = "loop_state.json"
 COMPLETE_MARKER = "COMPLETE"
 
-
-class CheckpointError(ReproError):
-    """A checkpoint folder is missing pieces or cannot be written."""
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import torch
 
-from repro.errors import ReproError
+from repro.errors import CheckpointError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_NEW_TOKENS = 12  # "Answer: 198" + EOS, the longest tiny-math response
 
-
-class CheckpointError(ReproError):
-    """A checkpoint folder is missing, incomplete, or holds a weight format we refuse to load."""
 
 
 def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> Path:
