@@ -57,6 +57,22 @@ class _UpdateStats:
     micro_batches: int = 0
 
 
+def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: AlgorithmConfig, backend: str) -> None:
+    """Refuse settings a trainer backend cannot honour, naming each."""
+    if dtype not in DTYPES:
+        raise TrainerError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if max_tokens < 1 or temperature <= 0:
+        raise TrainerError(
+            f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got {max_tokens} and {temperature}"
+        )
+    if algorithm.kl_coef != 0 or algorithm.entropy_coef != 0:
+        # Both would also make zero-advantage rows carry gradient, which the row skipping relies on not doing.
+        raise TrainerError(
+            f"algorithm.kl_coef={algorithm.kl_coef}, entropy_coef={algorithm.entropy_coef}: the "
+            f"{backend} trainer implements neither (the reproduced run uses 0 for both)"
+        )
+
+
 class EmbeddedTrainer:
     """GRPO trainer for a Hugging Face DeepSeek-V4 model on CPU.
 
@@ -85,22 +101,10 @@ class EmbeddedTrainer:
         skip_zero_advantage_rows: bool = True,
         seed: int = 0,
     ):
-        if dtype not in DTYPES:
-            raise TrainerError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        if max_tokens_per_micro_batch < 1 or temperature <= 0:
-            raise TrainerError(
-                f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got "
-                f"{max_tokens_per_micro_batch} and {temperature}"
-            )
         self.optim = optim or OptimConfig()
         self.algorithm = algorithm or AlgorithmConfig()
         self.correction = rollout_correction or RolloutCorrectionConfig()
-        if self.algorithm.kl_coef != 0 or self.algorithm.entropy_coef != 0:
-            # Both would also make zero-advantage rows carry gradient, which the row skipping relies on not doing.
-            raise TrainerError(
-                f"algorithm.kl_coef={self.algorithm.kl_coef}, entropy_coef={self.algorithm.entropy_coef}: the "
-                "embedded trainer implements neither (the reproduced run uses 0 for both)"
-            )
+        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.algorithm, "embedded")
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.max_tokens = max_tokens_per_micro_batch

@@ -33,9 +33,6 @@ mixed-precision optimizer does): megatron-core 0.16.1's optimizers allocate on `
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -45,11 +42,9 @@ import torch
 from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
-from repro.train.embedded import DTYPES, EmbeddedTrainer
+from repro.train.embedded import DTYPES, EmbeddedTrainer, check_settings
 from repro.train.optimizer import MasterAdamW
 
-FORMAT_VERSION = 1
-STATE_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.safetensors", "trainer_state.json")
 
 
 # ---- recipe -> megatron configuration (pure) ---------------------------------------------------------------
@@ -362,21 +357,10 @@ class MegatronTrainer(EmbeddedTrainer):
         parallel_state: dict[str, int] | None = None,
         export_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
     ):
-        if dtype not in DTYPES:
-            raise TrainerError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        if max_tokens_per_micro_batch < 1 or temperature <= 0:
-            raise TrainerError(
-                f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got "
-                f"{max_tokens_per_micro_batch} and {temperature}"
-            )
         self.optim = optim or OptimConfig()
         self.algorithm = algorithm or AlgorithmConfig()
         self.correction = rollout_correction or RolloutCorrectionConfig()
-        if self.algorithm.kl_coef != 0 or self.algorithm.entropy_coef != 0:
-            raise TrainerError(
-                f"algorithm.kl_coef={self.algorithm.kl_coef}, entropy_coef={self.algorithm.entropy_coef}: the "
-                "megatron trainer implements neither (the reproduced run uses 0 for both)"
-            )
+        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.algorithm, "megatron")
         ensure_model_parallel(parallel_state or dict(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
             expert_tensor_parallel_size=1, context_parallel_size=1))
@@ -465,64 +449,12 @@ class MegatronTrainer(EmbeddedTrainer):
 
     def save(self, directory: str | Path) -> Path:
         """Weights, fp32 masters (bf16), AdamW state, RNG and counters to ``directory`` (replaced atomically)."""
-        from safetensors.torch import save_file
+        from repro.train.state import save_trainer
 
-        from repro.train.state import _save_optimizer, _tensors
-
-        final = Path(directory).resolve()
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-        try:
-            save_file(_tensors(weight_state(self.model)), tmp / "model.safetensors", metadata={"format": "pt"})
-            master = self.opt.master_state()
-            if master:
-                save_file(_tensors(master), tmp / "master.safetensors", metadata={"format": "pt"})
-            _save_optimizer(self.opt.optimizer, tmp)
-            save_file({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
-            meta = {"format": FORMAT_VERSION, "backend": "megatron", "step": self.step, "updates": self.updates,
-                    "dtype": self.dtype_name}
-            (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n")
-            tmp.chmod(0o755)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return final
+        return save_trainer(self, directory, backend="megatron", weights=weight_state(self.model), hf_config=False)
 
     def load(self, directory: str | Path) -> None:
-        from safetensors.torch import load_file
+        from repro.train.state import load_trainer
 
-        from repro.train.state import _load_optimizer
-
-        folder = Path(directory)
-        missing = [name for name in STATE_FILES if not (folder / name).is_file()]
-        if missing:
-            raise TrainerError(f"trainer state {folder} lacks {missing}")
-        meta = json.loads((folder / "trainer_state.json").read_text())
-        if meta.get("format") != FORMAT_VERSION or meta.get("backend") != "megatron":
-            raise TrainerError(
-                f"{folder / 'trainer_state.json'}: format {meta.get('format')} of backend {meta.get('backend')!r}, "
-                f"want format {FORMAT_VERSION} of 'megatron'"
-            )
-        if meta.get("dtype") != self.dtype_name:
-            raise TrainerError(f"{folder / 'trainer_state.json'}: saved by a {meta.get('dtype')} trainer, this one is {self.dtype_name}")
-        load_weights(self.model, load_file(folder / "model.safetensors"), str(folder / "model.safetensors"))
-        if not self.opt.shares_storage:
-            master_path = folder / "master.safetensors"
-            if not master_path.is_file():
-                raise TrainerError(f"{master_path} is missing (a {self.dtype_name} trainer keeps fp32 masters)")
-            master = load_file(master_path)
-            absent = sorted(set(self.opt.names) - set(master))
-            if absent:
-                raise TrainerError(f"{master_path} lacks {absent[:3]}{'...' if len(absent) > 3 else ''}")
-            self.opt.load_master_state(master)
-        try:
-            self.opt.optimizer.load_state_dict(_load_optimizer(folder))
-        except (ValueError, KeyError) as err:
-            raise TrainerError(f"{folder / 'optimizer.safetensors'} does not fit the optimizer: {err}") from err
-        torch.set_rng_state(load_file(folder / "rng.safetensors")["torch_cpu"])
-        self.step = int(meta["step"])
-        self.updates = int(meta["updates"])
-        self.opt.zero_grad()
+        load_trainer(self, directory, backend="megatron",
+                     load_weights=lambda weights, source: load_weights(self.model, weights, source))

@@ -53,20 +53,27 @@ def _load_optimizer(folder: Path) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-def save_trainer(trainer, directory: str | Path) -> Path:
-    """Write ``trainer``'s state to ``directory`` via a temporary sibling folder renamed into place."""
+def save_trainer(trainer, directory: str | Path, *, backend: str = "embedded", weights=None, hf_config: bool = True) -> Path:
+    """Write ``trainer``'s state to ``directory`` via a temporary sibling folder renamed into place.
+
+    ``weights`` (default: the model's state dict) and ``hf_config`` (write config.json) let a backend whose
+    model is not a Hugging Face module (Megatron) store the same layout; ``backend`` is recorded and checked.
+    """
     final = Path(directory).resolve()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        trainer.model.config.to_json_file(tmp / "config.json")
-        save_file(_tensors(trainer.model.state_dict()), tmp / "model.safetensors", metadata={"format": "pt"})
+        if hf_config:
+            trainer.model.config.to_json_file(tmp / "config.json")
+        weights = trainer.model.state_dict() if weights is None else weights
+        save_file(_tensors(weights), tmp / "model.safetensors", metadata={"format": "pt"})
         master = trainer.opt.master_state()
         if master:
             save_file(_tensors(master), tmp / "master.safetensors", metadata={"format": "pt"})
         _save_optimizer(trainer.opt.optimizer, tmp)
         save_file({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
-        meta = {"format": FORMAT_VERSION, "step": trainer.step, "updates": trainer.updates, "dtype": trainer.dtype_name}
+        meta = {"format": FORMAT_VERSION, "backend": backend, "step": trainer.step, "updates": trainer.updates,
+                "dtype": trainer.dtype_name}
         (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n")
         tmp.chmod(0o755)
         if final.exists():
@@ -78,24 +85,34 @@ def save_trainer(trainer, directory: str | Path) -> Path:
     return final
 
 
-def load_trainer(trainer, directory: str | Path) -> None:
-    """Restore a state written by ``save_trainer`` into ``trainer`` (same model architecture and dtype)."""
+def load_trainer(trainer, directory: str | Path, *, backend: str = "embedded", load_weights=None) -> None:
+    """Restore a state written by ``save_trainer`` into ``trainer`` (same backend, architecture and dtype).
+
+    ``load_weights(weights, source)`` replaces the strict HF ``load_state_dict`` for other backends.
+    """
     folder = Path(directory)
-    missing = [name for name in STATE_FILES if not (folder / name).is_file()]
+    required = STATE_FILES if backend == "embedded" else tuple(f for f in STATE_FILES if f != "config.json")
+    missing = [name for name in required if not (folder / name).is_file()]
     if missing:
         raise TrainerError(f"trainer state {folder} lacks {missing}")
     meta = json.loads((folder / "trainer_state.json").read_text())
-    if meta.get("format") != FORMAT_VERSION:
-        raise TrainerError(f"{folder / 'trainer_state.json'}: format {meta.get('format')}, want {FORMAT_VERSION}")
+    if meta.get("format") != FORMAT_VERSION or meta.get("backend", "embedded") != backend:
+        raise TrainerError(
+            f"{folder / 'trainer_state.json'}: format {meta.get('format')} of backend {meta.get('backend', 'embedded')!r}, "
+            f"want format {FORMAT_VERSION} of {backend!r}"
+        )
     if meta.get("dtype") != trainer.dtype_name:
         raise TrainerError(
             f"{folder / 'trainer_state.json'}: saved by a {meta.get('dtype')} trainer, this one is {trainer.dtype_name}"
         )
     weights = load_file(folder / "model.safetensors")
-    try:
-        trainer.model.load_state_dict(weights, strict=True)
-    except RuntimeError as err:
-        raise TrainerError(f"{folder / 'model.safetensors'} does not fit the model: {err}") from err
+    if load_weights is not None:
+        load_weights(weights, str(folder / "model.safetensors"))
+    else:
+        try:
+            trainer.model.load_state_dict(weights, strict=True)
+        except RuntimeError as err:
+            raise TrainerError(f"{folder / 'model.safetensors'} does not fit the model: {err}") from err
     master_path = folder / "master.safetensors"
     if not trainer.opt.shares_storage:
         if not master_path.is_file():
