@@ -9,9 +9,8 @@ checks say SKIP instead of failing: nothing there needs a GPU.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -426,39 +425,5 @@ def check_cluster(recipe: "Recipe", run_dir: str | os.PathLike | None = None,
     return run_checks(recipe, gather_facts(recipe, run_dir, start_local_ray=start_local_ray))
 
 
-def failed(results: list[CheckResult]) -> bool:
-    return any(r.status == FAIL for r in results)
-
-
-def summary_line(recipe: "Recipe", results: list[CheckResult]) -> str:
-    counts = {s: sum(r.status == s for r in results) for s in (PASS, WARN, FAIL, SKIP)}
-    tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    mode = ("CPU mode: the tiny recipe needs no accelerator, GPU checks are skipped"
-            if cpu_mode(recipe) else
-            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {_kind(recipe.cluster.accelerator)} GPUs expected")
-    verdict = "NOT READY" if counts[FAIL] else "ready"
-    return f"recipe {recipe.name} ({mode}): {verdict} — {tally}"
-
-
-def format_table(results: list[CheckResult]) -> str:
-    name_w = max(len("check"), *(len(r.check) for r in results))
-    lines = [f"{'check':<{name_w}}  status  detail"]
-    indent = " " * (name_w + 10)
-    for r in results:
-        lines.append(f"{r.check:<{name_w}}  {r.status:<6}  {r.detail}")
-        if r.fix and r.status in (WARN, FAIL):
-            lines.append(f"{indent}fix: {r.fix}")
-    return "\n".join(lines)
-
-
-def results_as_dicts(results: list[CheckResult]) -> list[dict[str, str]]:
-    return [asdict(r) for r in results]
-
-
-def write_json(results: list[CheckResult], path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(results_as_dicts(results), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+# How results are shown and saved lives in repro.cluster.check_report; re-exported for `checks.summary_line` etc.
+from repro.cluster.check_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: E402,F401
