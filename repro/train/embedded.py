@@ -101,26 +101,36 @@ class EmbeddedTrainer:
         skip_zero_advantage_rows: bool = True,
         seed: int = 0,
     ):
-        self.optim = optim or OptimConfig()
-        self.algorithm = algorithm or AlgorithmConfig()
-        self.correction = rollout_correction or RolloutCorrectionConfig()
-        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.algorithm, "embedded")
-        self.dtype_name = dtype
-        self.dtype = DTYPES[dtype]
-        self.max_tokens = max_tokens_per_micro_batch
-        self.temperature = temperature
-        self.replay_routing = replay_routing
-        self.skip_zero_advantage_rows = skip_zero_advantage_rows
         torch.manual_seed(seed)
         if isinstance(model, (str, Path)):
             from repro.model.checkpoint import load_tiny_model
 
             model = load_tiny_model(model)
+        self._setup(model, topk_routers, "embedded", optim=optim, algorithm=algorithm,
+                    rollout_correction=rollout_correction, dtype=dtype, max_tokens=max_tokens_per_micro_batch,
+                    temperature=temperature, replay_routing=replay_routing,
+                    skip_zero_advantage_rows=skip_zero_advantage_rows, seed=seed)
+
+    def _setup(self, model, find_routers, backend: str, *, optim, algorithm, rollout_correction, dtype: str,
+               max_tokens: int, temperature: float, replay_routing: bool, skip_zero_advantage_rows: bool,
+               seed: int) -> None:
+        """What every backend's constructor does once it has its model: check, cast, build the optimizer."""
+        self.optim = optim or OptimConfig()
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.correction = rollout_correction or RolloutCorrectionConfig()
+        check_settings(dtype, max_tokens, temperature, self.algorithm, backend)
+        self.dtype_name = dtype
+        self.dtype = DTYPES[dtype]
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.replay_routing = replay_routing
+        self.skip_zero_advantage_rows = skip_zero_advantage_rows
+        torch.manual_seed(seed)
         # Parameters only: rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them.
         for param in model.parameters():
             param.data = param.data.to(self.dtype)
         self.model = model.eval()  # eval: V4 has no dropout to switch on, and generate() expects eval mode
-        self.routers = topk_routers(model)
+        self.routers = find_routers(model)
         self.opt = MasterAdamW(model, self.optim)
         self.opt.zero_grad()
         self.step = 0      # completed train_step calls

@@ -42,8 +42,7 @@ import torch
 from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
-from repro.train.embedded import DTYPES, EmbeddedTrainer, check_settings
-from repro.train.optimizer import MasterAdamW
+from repro.train.embedded import EmbeddedTrainer
 
 
 
@@ -357,29 +356,14 @@ class MegatronTrainer(EmbeddedTrainer):
         parallel_state: dict[str, int] | None = None,
         export_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
     ):
-        self.optim = optim or OptimConfig()
-        self.algorithm = algorithm or AlgorithmConfig()
-        self.correction = rollout_correction or RolloutCorrectionConfig()
-        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.algorithm, "megatron")
         ensure_model_parallel(parallel_state or dict(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
             expert_tensor_parallel_size=1, context_parallel_size=1))
-        self.dtype_name = dtype
-        self.dtype = DTYPES[dtype]
-        self.max_tokens = max_tokens_per_micro_batch
-        self.temperature = temperature
-        self.replay_routing = replay_routing
-        self.skip_zero_advantage_rows = skip_zero_advantage_rows
         self.export_names = export_names
-        torch.manual_seed(seed)
-        for param in model.parameters():
-            param.data = param.data.to(self.dtype)
-        self.model = model.eval()
-        self.routers = moe_routers(model)
-        self.opt = MasterAdamW(model, self.optim)
-        self.opt.zero_grad()
-        self.step = 0
-        self.updates = 0
+        self._setup(model, moe_routers, "megatron", optim=optim, algorithm=algorithm,
+                    rollout_correction=rollout_correction, dtype=dtype, max_tokens=max_tokens_per_micro_batch,
+                    temperature=temperature, replay_routing=replay_routing,
+                    skip_zero_advantage_rows=skip_zero_advantage_rows, seed=seed)
 
     @classmethod
     def from_recipe(
