@@ -11,12 +11,7 @@ from repro.model.tiny import build_tiny_model
 from repro.model.tokenizer import build_tiny_tokenizer
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,7 @@ from repro.model.tokenizer import build_tiny_tokenizer
 from repro.model.warmstart import sft_batch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # On a shared 2-core machine two OpenMP threads spin against other processes: one thread is ~5x faster.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
