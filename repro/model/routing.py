@@ -42,7 +42,26 @@ def topk_routers(model: torch.nn.Module) -> dict[int, DeepseekV4TopKRouter]:
     return routers
 
 
-class RoutingRecorder:
+class _RouterHooks:
+    """A forward hook on every top-k router of one model while the ``with`` block runs; ``_hook(layer)`` makes it."""
+
+    routers: dict[int, DeepseekV4TopKRouter]
+    _handles: list
+
+    def _hook(self, layer: int):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in self.routers.items()]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class RoutingRecorder(_RouterHooks):
     """Records the experts chosen per token by every top-k MoE layer, across one or more forwards.
 
     ``with RoutingRecorder(model) as rec: model.generate(...)``, then ``rec.indices()`` gives, per layer index,
@@ -63,15 +82,6 @@ class RoutingRecorder:
 
         return record
 
-    def __enter__(self) -> "RoutingRecorder":
-        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in self.routers.items()]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
     def indices(self) -> dict[int, torch.Tensor]:
         """layer -> ``[batch, seq, top_k]`` int64; raises if a forward changed the batch size mid-record."""
         result = {}
@@ -85,7 +95,7 @@ class RoutingRecorder:
         return result
 
 
-class RoutingReplay:
+class RoutingReplay(_RouterHooks):
     """Forces the given experts in later forwards while the gate weights stay differentiable.
 
     ``indices``: layer -> ``[batch, seq, top_k]`` integer tensor (e.g. ``RoutingRecorder.indices()``); every
@@ -129,12 +139,3 @@ class RoutingReplay:
             return logits, weights * router.routed_scaling_factor, flat
 
         return replay
-
-    def __enter__(self) -> "RoutingReplay":
-        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in self.routers.items()]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
