@@ -110,3 +110,41 @@ def micro_batches(batch: TrainBatch, max_tokens: int) -> list[TrainBatch]:
         widest = widest_with_row
     groups.append(slice(start, batch.num_rows))
     return [batch.rows(g) for g in groups]
+
+
+def padded_to_multiple(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """``batch`` with its width right-padded to a multiple of ``multiple`` (sequence parallelism splits the
+    sequence evenly over TP ranks); see ``padded_to_shape``."""
+    width = batch.input_ids.shape[1]
+    return padded_to_shape(batch, batch.num_rows, width + (-width % multiple))
+
+
+def padded_to_shape(batch: TrainBatch, rows: int, width: int) -> TrainBatch:
+    """``batch`` grown to ``rows`` x ``width``: padded positions and rows are off-response, with zero ids,
+    log-probs, advantages and experts, so they add nothing to a loss; the model is causal, so right padding
+    changes no earlier position."""
+    have_rows, have_width = batch.input_ids.shape
+    if rows < have_rows or width < have_width:
+        raise ReproError(f"padded_to_shape: cannot shrink [{have_rows}, {have_width}] to [{rows}, {width}]")
+
+    def pad(tensor: torch.Tensor, token_dims: bool = True) -> torch.Tensor:
+        shape = (rows, width, *tensor.shape[2:]) if token_dims else (rows,)
+        out = torch.zeros(shape, dtype=tensor.dtype)
+        if token_dims:
+            out[:have_rows, :have_width] = tensor
+        else:
+            out[:have_rows] = tensor
+        return out
+
+    out = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if value is None:
+            out[f.name] = value
+        elif f.name == "advantages":
+            out[f.name] = pad(value, token_dims=False)
+        elif isinstance(value, dict):
+            out[f.name] = {k: pad(v) for k, v in value.items()}
+        else:
+            out[f.name] = pad(value)
+    return replace(batch, **out)

@@ -187,53 +187,69 @@ class EmbeddedTrainer:
         """Backward the update's loss over ``batch`` into the parameters' ``.grad`` (zeroed first)."""
         self.opt.zero_grad()
         stats = _UpdateStats()
-        weights = self._is_weights(batch)
-        keep = weights.keep_mask
+        plan = self._update_plan(batch, stats)
+        if plan is None:
+            return stats
+        rows, totals = plan
+        for micro in micro_batches(batch.rows(rows), self.max_tokens):
+            logits = self._forward(micro, self.replay_routing)
+            logp = logprobs_from_logits(logits, micro.targets, self.temperature)
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), self.temperature)
+            self._micro_loss(micro, logp, entropy, totals, stats).backward()
+        return stats
+
+    def _update_plan(self, batch: TrainBatch, stats: _UpdateStats) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        """Which rows of ``batch`` go through a forward, and the update's normalisers (kept tokens, kept rows);
+        None when nothing does. Counts the skipped zero-advantage rows into ``stats``."""
+        keep = self._is_weights(batch).keep_mask
         total_tokens = int(keep.sum())
         total_rows = int(keep.any(dim=1).sum())
         if total_tokens == 0:
-            return stats
+            return None
         forwarded = keep.any(dim=1)  # rows with no kept token (all rejected, or no response) add nothing either
         if self.skip_zero_advantage_rows:
             stats.rows_skipped = int((forwarded & (batch.advantages == 0)).sum())
             forwarded &= batch.advantages != 0
         if not forwarded.any():
-            return stats
+            return None
+        return forwarded.nonzero().squeeze(1), (total_tokens, total_rows)
+
+    def _micro_loss(self, micro: TrainBatch, logp: torch.Tensor, entropy: torch.Tensor,
+                    totals: tuple[int, int], stats: _UpdateStats) -> torch.Tensor:
+        """This micro-batch's share of the update's loss from its [b, t] log-probs (and, for the metrics, its
+        [b, t] entropies); adds its sums to ``stats``."""
+        total_tokens, total_rows = totals
+        micro_w = self._is_weights(micro)
+        micro_keep = micro_w.keep_mask
+        policy = ppo_clip_loss(
+            logp,
+            micro.old_logprobs,
+            broadcast_to_tokens(micro.advantages, micro.response_mask),
+            micro_keep,
+            clip_low=self.algorithm.clip_ratio_low,
+            clip_high=self.algorithm.clip_ratio_high,
+            is_weights=micro_w.weights,
+        )
+        # Each micro-batch's mean, weighted by its share of the update's normaliser (tokens or sequences),
+        # sums to the mean over the whole update.
         mode = self.algorithm.loss_agg_mode
-        for micro in micro_batches(batch.rows(forwarded.nonzero().squeeze(1)), self.max_tokens):
-            logits = self._forward(micro, self.replay_routing)
-            logp = logprobs_from_logits(logits, micro.targets, self.temperature)
-            micro_w = self._is_weights(micro)
-            micro_keep = micro_w.keep_mask
-            policy = ppo_clip_loss(
-                logp,
-                micro.old_logprobs,
-                broadcast_to_tokens(micro.advantages, micro.response_mask),
-                micro_keep,
-                clip_low=self.algorithm.clip_ratio_low,
-                clip_high=self.algorithm.clip_ratio_high,
-                is_weights=micro_w.weights,
-            )
-            # Each micro-batch's mean, weighted by its share of the update's normaliser (tokens or sequences),
-            # sums to the mean over the whole update.
-            if mode == "token-mean":
-                share = int(micro_keep.sum()) / total_tokens
-            else:
-                share = int(micro_keep.any(dim=1).sum()) / total_rows
-            loss = agg_loss(policy.loss_mat, micro_keep, mode) * share
-            loss.backward()
-            with torch.no_grad():
-                tokens = float(micro_keep.sum())
-                entropy = entropy_from_logits(logits.detach(), self.temperature)
-                stats.loss += float(loss)
-                stats.tokens += tokens
-                stats.response_tokens += float(micro.response_mask.sum())
-                stats.entropy_sum += float((entropy * micro.response_mask).sum())
-                stats.clipfrac_sum += float(policy.pg_clipfrac) * tokens
-                stats.clipfrac_lower_sum += float(policy.pg_clipfrac_lower) * tokens
-                stats.ppo_kl_sum += float(policy.ppo_kl) * tokens
-                stats.micro_batches += 1
-        return stats
+        if mode == "token-mean":
+            share = int(micro_keep.sum()) / total_tokens
+        else:
+            share = int(micro_keep.any(dim=1).sum()) / total_rows
+        loss = agg_loss(policy.loss_mat, micro_keep, mode) * share
+        with torch.no_grad():
+            tokens = float(micro_keep.sum())
+            stats.loss += float(loss)
+            stats.tokens += tokens
+            stats.response_tokens += float(micro.response_mask.sum())
+            stats.entropy_sum += float((entropy * micro.response_mask).sum())
+            stats.clipfrac_sum += float(policy.pg_clipfrac) * tokens
+            stats.clipfrac_lower_sum += float(policy.pg_clipfrac_lower) * tokens
+            stats.ppo_kl_sum += float(policy.ppo_kl) * tokens
+            stats.micro_batches += 1
+        return loss
 
     def _is_weights(self, batch: TrainBatch):
         return rollout_is_weights(
@@ -262,7 +278,7 @@ class EmbeddedTrainer:
         for rows in self._update_row_groups(batch):
             stats = self._accumulate_gradients(batch.rows(rows))
             lr = warmup_constant_lr(self.optim, self.updates)
-            grad_norm = self.opt.step(lr)
+            grad_norm = self._optimizer_step(lr)
             self.updates += 1
             per_token = max(stats.tokens, 1.0)
             per_update.append({
@@ -282,6 +298,10 @@ class EmbeddedTrainer:
             metrics[key] = float(sum(m[key] for m in per_update))  # counts add up over updates
         metrics["actor/lr"] = per_update[-1]["actor/lr"]
         return metrics
+
+    def _optimizer_step(self, lr: float) -> float:
+        """Clip and apply the accumulated gradients; the pre-clip norm (a model-parallel backend reduces first)."""
+        return self.opt.step(lr)
 
     def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         """name -> fp32 gradient of the first update's loss on ``batch`` (unclipped); weights stay untouched."""

@@ -1,39 +1,42 @@
 """The Megatron-core trainer backend: the same GRPO/TIS update as the embedded trainer, on a megatron-core model.
 
-Three parts:
+Parts:
 
   ``megatron_layout(recipe)``   pure: the recipe's actor/optim/routing sections -> keyword arguments of
                                 ``parallel_state.initialize_model_parallel``, ``TransformerConfig``,
                                 ``OptimizerConfig`` and ``DistributedDataParallelConfig`` (AMD: TP4/PP4/EP4/ETP1,
                                 sequence parallel, full recompute, bf16, distributed optimizer offloaded to CPU).
                                 No megatron import, no process group: tested as plain dicts.
-  ``build_tiny_gpt_moe``        a tiny megatron-core ``GPTModel`` with MoE layers (router + shared expert) from the
-                                local layer spec -- megatron-core has no DeepSeek-V4 layers; on a cluster a DSV4
-                                layer spec comes in through ``model_provider`` (docs/megatron-dsv4.md).
-  ``MegatronTrainer``           the ``Trainer`` protocol. The update loop (decoupled TIS weights fixed up front,
-                                zero-advantage rows skipped but counted, token-budget micro-batches each weighted by
-                                its share of the update's normaliser, global-norm clip, fp32-master AdamW with
-                                warm-up) is inherited from ``EmbeddedTrainer`` unchanged, so both backends compute
-                                the one loss of ``repro.algos``; this class supplies the model, the forward with R3
-                                through megatron-core's own ``RouterReplay`` and the state on disk.
+  ``MegatronTrainer``           the ``Trainer`` protocol on one trainer rank. The update (decoupled TIS weights
+                                fixed up front, zero-advantage rows skipped but counted, token-budget micro-batches
+                                each weighted by its share of the update's normaliser, global-norm clip, fp32-master
+                                AdamW with warm-up) is the ``EmbeddedTrainer``'s, so both backends compute the one
+                                loss of ``repro.algos``; this class runs it through megatron's forward/backward
+                                schedule (1F1B across pipeline stages), scores a vocabulary split over TP ranks,
+                                reduces gradients over DP and takes the clip norm over all model-parallel ranks
+                                (``repro.train.megatron_parallel``), and exports full weights for the sync.
+  the model                     ``actor.model_provider``: ``repro.train.megatron_tiny:provider`` on CPU (megatron-core
+                                has no DeepSeek-V4 layers); a DSV4 provider on a cluster (docs/megatron-dsv4.md).
 
 R3 on megatron-core 0.16.1: with ``moe_enable_routing_replay`` every ``TopKRouter`` owns a ``RouterReplay``.
 ``REPLAY_FORWARD`` makes its top-k return the given indices with probabilities gathered from this forward's own
 scores, so the router weight keeps its gradient; ``RECORD`` stores what the router chose. The trainer drives each
 router's instance directly (never megatron's process-global list, which every model built in the process joins)
-and leaves the replay armed until the next forward, so a full-recompute backward re-runs the same experts.
-Megatron routes a ``[seq * batch]`` token order (sequence first), so ``[B, T, k]`` tables are transposed.
+and re-arms a micro-batch's experts when its backward starts, so a full-recompute backward re-runs the same
+experts even after 1F1B has run later forwards. Megatron routes a ``[seq * batch]`` token order (sequence
+first), so ``[B, T, k]`` tables are transposed.
 
-At world size 1 on CPU (tests) ``repro.train.megatron_shim`` patches megatron-core's CUDA assumptions, every
-parallel size is 1 and the optimizer is the project's fp32-master AdamW (``MasterAdamW``, the same update Megatron's
-mixed-precision optimizer does): megatron-core 0.16.1's optimizers allocate on ``device="cuda"`` outright
-(``FP32Optimizer._scale``, ``MixedPrecisionOptimizer._dummy_overflow_buf``), so they cannot be built on CPU. On a cluster ``megatron_layout(...)["optimizer"]`` is the ``OptimizerConfig`` for
-``get_megatron_optimizer`` and pipeline stages need megatron's forward/backward schedule -- not wired here.
+On CPU ``repro.train.megatron_shim`` patches megatron-core's CUDA assumptions (gloo, any world size) and the
+optimizer is the project's fp32-master AdamW (``MasterAdamW``, the update Megatron's mixed-precision optimizer
+does) over this rank's shard, clipped by the global norm: megatron-core 0.16.1's optimizers allocate on
+``device="cuda"`` outright (``FP32Optimizer._scale``, ``MixedPrecisionOptimizer._dummy_overflow_buf``), so they
+cannot be built on CPU. ``megatron_layout(...)["optimizer"]`` is the ``OptimizerConfig`` a GPU cluster's
+``get_megatron_optimizer`` (distributed, CPU-offloaded) would take -- not wired: see docs/megatron-dsv4.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -42,7 +45,15 @@ import torch
 from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
-from repro.train.embedded import EmbeddedTrainer
+from repro.train.base import LogprobResult
+from repro.train.batch import micro_batches, padded_to_multiple, padded_to_shape
+from repro.train.checks import check_batch
+from repro.train.embedded import EmbeddedTrainer, _UpdateStats
+from repro.train.megatron_parallel import (
+    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, global_grad_norm,
+    reduce_gradients, vocab_parallel_entropy, vocab_parallel_logprobs,
+)
+from repro.train.megatron_tiny import TinyGPTMoE, build_tiny_gpt_moe, tiny_transformer_config  # noqa: F401 (re-exported)
 
 
 
@@ -115,113 +126,6 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "overlap_param_gather": False,
     }
     return {"parallel_state": parallel_state, "transformer": transformer, "optimizer": optimizer, "ddp": ddp}
-
-
-# ---- the tiny megatron-core MoE model ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TinyGPTMoE:
-    """Sizes of the tiny GPT/MoE the CPU tests train (vocab of the tiny tokenizer, 8 experts top-2 like tiny DSV4)."""
-
-    vocab_size: int = 25
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
-    ffn_hidden_size: int = 128
-    num_moe_experts: int = 8
-    moe_router_topk: int = 2
-    moe_ffn_hidden_size: int = 64
-    moe_shared_expert_intermediate_size: int = 64
-    max_sequence_length: int = 256
-
-
-def tiny_transformer_config(spec: TinyGPTMoE = TinyGPTMoE(), **overrides):
-    """``TransformerConfig`` of the tiny model: sigmoid router scores renormalised over the top-k and scaled 1.5
-    (DSV4's shape of routing), no biases, SwiGLU experts, RMSNorm, routing replay on, no fused CUDA kernels."""
-    import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    settings = dict(
-        num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
-        ffn_hidden_size=spec.ffn_hidden_size, num_moe_experts=spec.num_moe_experts,
-        moe_router_topk=spec.moe_router_topk, moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
-        moe_token_dispatcher_type="allgather", moe_router_score_function="sigmoid",
-        moe_router_topk_scaling_factor=1.5, moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
-        moe_enable_routing_replay=True, add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu,
-        normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float32,
-        use_cpu_initialization=True, bias_activation_fusion=False, bias_dropout_fusion=False,
-        masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
-    )
-    return TransformerConfig(**{**settings, **overrides})
-
-
-def build_tiny_gpt_moe(seed: int = 0, spec: TinyGPTMoE = TinyGPTMoE(), **config_overrides) -> torch.nn.Module:
-    """A freshly initialised tiny megatron-core ``GPTModel`` (fp32, deterministic in ``seed``).
-
-    Needs model parallelism initialised (``ensure_model_parallel``); on CPU that installs the shim first.
-    """
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    ensure_model_parallel(dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                               expert_model_parallel_size=1, expert_tensor_parallel_size=1, context_parallel_size=1))
-    torch.manual_seed(seed)
-    _seed_rng_tracker(seed)
-    config = tiny_transformer_config(spec, **config_overrides)
-    layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=False,
-                                          normalization="RMSNorm")
-    model = GPTModel(config=config, transformer_layer_spec=layer_spec, vocab_size=spec.vocab_size,
-                     max_sequence_length=spec.max_sequence_length, position_embedding_type="rope",
-                     share_embeddings_and_output_weights=False)
-    _detach_from_global_replay_list(model)
-    return model.eval()
-
-
-def _seed_rng_tracker(seed: int) -> None:
-    if torch.cuda.is_available():
-        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-        model_parallel_cuda_manual_seed(seed)
-    else:
-        from repro.train.megatron_shim import seed_model_parallel_rng
-
-        seed_model_parallel_rng(seed)
-
-
-def ensure_model_parallel(parallel_state_kwargs: dict[str, int]) -> None:
-    """Initialise megatron's model-parallel groups with these sizes, or check that the live ones match."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    if not torch.cuda.is_available():
-        from repro.train.megatron_shim import install_cpu_shim
-
-        install_cpu_shim()
-    elif not dist.is_initialized():
-        raise TrainerError("MegatronTrainer: torch.distributed is not initialised (start the workers with torchrun/Ray)")
-    sizes = {k: int(v) for k, v in parallel_state_kwargs.items()}
-    if parallel_state.model_parallel_is_initialized():
-        live = {
-            "tensor_model_parallel_size": parallel_state.get_tensor_model_parallel_world_size(),
-            "pipeline_model_parallel_size": parallel_state.get_pipeline_model_parallel_world_size(),
-            "expert_model_parallel_size": parallel_state.get_expert_model_parallel_world_size(),
-            "expert_tensor_parallel_size": parallel_state.get_expert_tensor_parallel_world_size(),
-            "context_parallel_size": parallel_state.get_context_parallel_world_size(),
-        }
-        wrong = {k: (sizes[k], live[k]) for k in live if k in sizes and sizes[k] != live[k]}
-        if wrong:
-            raise TrainerError(f"MegatronTrainer: model parallelism is already initialised differently (want, live): {wrong}")
-        return
-    world = dist.get_world_size()
-    model_parallel = sizes["tensor_model_parallel_size"] * sizes["pipeline_model_parallel_size"] * sizes["context_parallel_size"]
-    if world % model_parallel:
-        raise TrainerError(
-            f"actor.tensor_parallel x actor.pipeline_parallel = {model_parallel} does not divide the world size {world}"
-        )
-    parallel_state.initialize_model_parallel(**sizes)
 
 
 def _detach_from_global_replay_list(model: torch.nn.Module) -> None:
@@ -329,13 +233,14 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
 
 
 class MegatronTrainer(EmbeddedTrainer):
-    """GRPO trainer on a megatron-core model (see the module docstring).
+    """GRPO trainer on a megatron-core model, one instance per trainer rank (see the module docstring).
 
     Args:
-        model: a megatron-core ``GPTModel`` with MoE layers built with ``moe_enable_routing_replay`` (e.g.
-            ``build_tiny_gpt_moe``; a DSV4 model through ``model_provider`` on a cluster).
+        model: this rank's megatron-core ``GPTModel`` (its pipeline stage, TP/EP shard) with MoE layers built with
+            ``moe_enable_routing_replay`` (``repro.train.megatron_tiny``; a DSV4 model through
+            ``actor.model_provider`` on a cluster).
         parallel_state: ``megatron_layout(recipe)["parallel_state"]``; default all 1 (one CPU process).
-        export_names: optional ``dict -> dict`` applied to the weights ``named_weights`` yields, e.g.
+        export_names: optional ``dict -> dict`` applied to the full weights ``named_weights`` yields, e.g.
             ``repro.train.dsv4_names.megatron_state_to_hf`` for a DSV4 model whose rollout wants HF names.
         The other arguments are the embedded trainer's.
     """
@@ -359,6 +264,11 @@ class MegatronTrainer(EmbeddedTrainer):
         ensure_model_parallel(parallel_state or dict(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
             expert_tensor_parallel_size=1, context_parallel_size=1))
+        _detach_from_global_replay_list(model)
+        # the schedule must not divide our losses (each is already its share of the update) and, across pipeline
+        # stages, must send each micro-batch's own shape (token-budget micro-batches differ in rows and width)
+        model.config.calculate_per_token_loss = True
+        model.config.variable_seq_lengths = True
         self.export_names = export_names
         self._setup(model, moe_routers, "megatron", optim=optim, algorithm=algorithm,
                     rollout_correction=rollout_correction, dtype=dtype, max_tokens=max_tokens_per_micro_batch,
@@ -369,14 +279,15 @@ class MegatronTrainer(EmbeddedTrainer):
     def from_recipe(
         cls,
         recipe: Recipe,
-        model_provider: Callable[[], torch.nn.Module] | None = None,
+        model_provider: Callable[..., torch.nn.Module] | None = None,
         **overrides,
     ) -> "MegatronTrainer":
-        """The trainer the recipe describes; ``model_provider()`` builds the model after model parallelism is
-        initialised (default: the tiny GPT/MoE, CPU tests only)."""
+        """The trainer the recipe describes on this rank; ``model_provider(recipe)`` builds the rank's model once
+        model parallelism is initialised (default: ``actor.model_provider``, a ``module:function`` name)."""
         layout = megatron_layout(recipe)
         ensure_model_parallel(layout["parallel_state"])
-        model = (model_provider or (lambda: build_tiny_gpt_moe(seed=recipe.seed)))()
+        provider = model_provider or resolve_model_provider(recipe)
+        model = provider(recipe)
         settings = dict(
             optim=recipe.optim,
             algorithm=recipe.algorithm,
@@ -390,14 +301,10 @@ class MegatronTrainer(EmbeddedTrainer):
         )
         return cls(model, **{**settings, **overrides})
 
-    # ---- forward with R3 -----------------------------------------------------------------------------------
+    # ---- megatron's forward/backward schedule with R3 ------------------------------------------------------
 
-    def _forward(self, micro: TrainBatch, replay: bool) -> torch.Tensor:
-        """[b, t, V] logits; with ``replay`` every router is forced to the micro-batch's recorded experts.
-
-        The replay stays armed after the forward so a full-recompute backward re-runs the same experts; the next
-        forward re-arms or disarms it.
-        """
+    def _arm_replay(self, micro: TrainBatch, replay: bool) -> None:
+        """Force this stage's routers to ``micro``'s recorded experts (or let them route freely)."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
         for layer, r in self.routers.items():
@@ -409,20 +316,136 @@ class MegatronTrainer(EmbeddedTrainer):
                 replay_state.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
             else:
                 replay_state.clear_router_replay_action()
+
+    def _schedule(self, micros: list[TrainBatch], replay: bool, score, forward_only: bool) -> None:
+        """Run megatron's forward(/backward) schedule over ``micros`` (1F1B across pipeline stages, or plain
+        accumulation at PP 1); on the last stage ``score(micro, [b, t, V/tp] logits)`` returns the loss.
+
+        Full recompute re-runs a stage's routers in the backward, after 1F1B may have run later micro-batches'
+        forwards: ``RearmOnBackward`` at the stage output re-arms this micro-batch's experts first.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        if not micros:
+            return
+
+        def forward_step(data_iterator, model):
+            micro = next(data_iterator)
+
+            def arm():
+                self._arm_replay(micro, replay)
+
+            arm()
+            output = forward_logits(model, micro.input_ids)
+            if not forward_only and torch.is_grad_enabled():
+                output = RearmOnBackward.apply(output, arm)
+            return output, lambda out: (score(micro, out), torch.tensor(1, dtype=torch.int), {})
+
         # train mode only while differentiating: megatron recomputes activations only in training mode
-        self.model.train(torch.is_grad_enabled())
+        self.model.train(not forward_only)
         try:
-            return forward_logits(self.model, micro.input_ids)
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(micros), model=[self.model],
+                num_microbatches=len(micros), seq_length=max(m.input_ids.shape[1] for m in micros),
+                micro_batch_size=max(m.input_ids.shape[0] for m in micros), forward_only=forward_only)
         finally:
             self.model.eval()
+            self._arm_replay(micros[-1], False)
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
+        """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response);
+        computed on the last pipeline stage, returned on every rank."""
+        check_batch(batch, self.routers, need_old=False, replay=replay_routing, caller="logprobs")
+        micros = self._micro_batches(batch)
+        scored = []
+
+        def score(micro, logits):
+            mask = micro.response_mask
+            lp = vocab_parallel_logprobs(logits, micro.targets, self.temperature)
+            ent = vocab_parallel_entropy(logits, self.temperature)
+            scored.append((torch.where(mask, lp, 0.0), torch.where(mask, ent, 0.0)))
+            return lp.new_zeros(())
+
+        self._schedule(micros, replay_routing, score, forward_only=True)
+        scored = from_last_stage(scored)
+        logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        entropy = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        start = 0
+        for micro, (lp, ent) in zip(micros, scored):
+            rows, width = micro.input_ids.shape
+            width = min(width, logprobs.shape[1])  # sequence-parallel padding is off-response: zeros
+            logprobs[start : start + rows, :width] = lp[:, :width]
+            entropy[start : start + rows, :width] = ent[:, :width]
+            start += rows
+        return LogprobResult(logprobs, entropy)
+
+    def _accumulate_gradients(self, batch: TrainBatch) -> _UpdateStats:
+        """The embedded trainer's update (same rows, normalisers and per-micro-batch loss) through megatron's
+        schedule; data-parallel replicas each take their own slice of the forwarded rows."""
+        from megatron.core import parallel_state as ps
+
+        self.opt.zero_grad()
+        stats = _UpdateStats()
+        plan = self._update_plan(batch, stats)
+        if plan is not None:
+            rows, totals = plan
+            rows = rows.tensor_split(ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+
+            def score(micro, logits):
+                logp = vocab_parallel_logprobs(logits, micro.targets, self.temperature)
+                entropy = vocab_parallel_entropy(logits.detach(), self.temperature)
+                return self._micro_loss(micro, logp, entropy, totals, stats)
+
+            micros = self._lockstep_over_data_parallel(self._micro_batches(batch.rows(rows)), batch)
+            self._schedule(micros, self.replay_routing, score, forward_only=False)
+        return _sum_over_data_parallel(from_last_stage(stats))
+
+    def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        """Token-budget micro-batches; under sequence parallelism each padded to a width TP divides."""
+        from megatron.core import parallel_state as ps
+
+        micros = micro_batches(batch, self.max_tokens) if batch.num_rows else []
+        tp = ps.get_tensor_model_parallel_world_size()
+        if self.model.config.sequence_parallel and tp > 1:
+            micros = [padded_to_multiple(m, tp) for m in micros]
+        return micros
+
+    def _lockstep_over_data_parallel(self, micros: list[TrainBatch], template: TrainBatch) -> list[TrainBatch]:
+        """Data-parallel replicas forward their own rows, but expert-parallel all-gathers span replicas and the
+        schedule expects one micro-batch count: every replica runs as many micro-batches as the busiest, each
+        padded (rows, width) to the largest at its index, with all-padding ones where it has none."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_data_parallel_group()
+        if dist.get_world_size(group) == 1:
+            return micros
+        count = torch.tensor([len(micros)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+        shapes = torch.zeros((int(count), 2), dtype=torch.int64)
+        for i, micro in enumerate(micros):
+            shapes[i] = torch.tensor(micro.input_ids.shape)
+        dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
+        empty = template.rows(slice(0, 0))
+        empty = replace(empty, **{f: v[:, :0] if isinstance(v, torch.Tensor) and v.dim() > 1 else v
+                                  for f, v in vars(empty).items() if f != "routing"},
+                        routing=None if empty.routing is None else {k: v[:, :0] for k, v in empty.routing.items()})
+        return [padded_to_shape(micros[i] if i < len(micros) else empty, int(r), int(w))
+                for i, (r, w) in enumerate(shapes.tolist())]
+
+    def _optimizer_step(self, lr: float) -> float:
+        reduce_gradients(self.model)
+        return self.opt.step(lr, global_norm=global_grad_norm(self.model))
 
     # ---- weights and state ---------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every weight (parameters and persistent buffers, not megatron's ``_extra_state``), detached CPU copies
-        in the trainer's dtype (BF16 for a bf16 recipe); names mapped by ``export_names`` when given."""
+        """The full (world-size-1) weights this rank exports -- all ranks together yield each exactly once --
+        as detached CPU copies in the trainer's dtype (BF16 for a bf16 recipe); names mapped by ``export_names``
+        when given. Collective: every rank must call it."""
         weights = {}
-        for name, tensor in weight_state(self.model).items():
+        for name, tensor in export_full_weights(self.model):
             tensor = tensor.detach().to("cpu")
             if tensor.is_floating_point():
                 tensor = tensor.to(self.dtype)
@@ -431,14 +454,56 @@ class MegatronTrainer(EmbeddedTrainer):
             weights = self.export_names(weights)
         yield from weights.items()
 
+    def _rank_dir(self, directory: str | Path) -> Path:
+        """Each rank keeps its own shard: ``directory`` itself at world size 1, ``directory/rank-NNNNN`` above."""
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return Path(directory) if world == 1 else Path(directory) / f"rank-{dist.get_rank():05d}"
+
     def save(self, directory: str | Path) -> Path:
-        """Weights, fp32 masters (bf16), AdamW state, RNG and counters to ``directory`` (replaced atomically)."""
+        """Weights, fp32 masters (bf16), AdamW state, RNG and counters of this rank (replaced atomically)."""
         from repro.train.state import save_trainer
 
-        return save_trainer(self, directory, backend="megatron", weights=weight_state(self.model), hf_config=False)
+        save_trainer(self, self._rank_dir(directory), backend="megatron", weights=weight_state(self.model), hf_config=False)
+        return Path(directory)
 
     def load(self, directory: str | Path) -> None:
         from repro.train.state import load_trainer
 
-        load_trainer(self, directory, backend="megatron",
+        load_trainer(self, self._rank_dir(directory), backend="megatron",
                      load_weights=lambda weights, source: load_weights(self.model, weights, source))
+
+
+def _sum_over_data_parallel(stats: _UpdateStats) -> _UpdateStats:
+    """Add the replicas' sums (each forwarded its own rows); the skipped-row count is already whole-batch."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if ps.get_data_parallel_world_size() == 1:
+        return stats
+    keys = [k for k in vars(stats) if k != "rows_skipped"]
+    sums = torch.tensor([float(getattr(stats, k)) for k in keys], dtype=torch.float64)
+    dist.all_reduce(sums, group=ps.get_data_parallel_group())
+    for key, value in zip(keys, sums.tolist()):
+        setattr(stats, key, type(getattr(stats, key))(value))
+    return stats
+
+
+def resolve_model_provider(recipe: Recipe) -> Callable[..., torch.nn.Module]:
+    """``actor.model_provider`` (``"package.module:function"``) as a callable, or a TrainerError that says what
+    to set (the tiny CPU provider, or a DeepSeek-V4 provider on a cluster: docs/megatron-dsv4.md)."""
+    import importlib
+
+    name = recipe.actor.model_provider
+    if not name:
+        raise TrainerError(
+            "actor.model_provider is not set: the Megatron backend needs a 'module:function' that builds this "
+            "rank's model, e.g. repro.train.megatron_tiny:provider on CPU, or a DeepSeek-V4 provider from "
+            "LumenRL's Megatron fork on a cluster (docs/megatron-dsv4.md)"
+        )
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise TrainerError(f"actor.model_provider={name!r} cannot be imported here: {err}") from err

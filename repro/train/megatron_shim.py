@@ -1,4 +1,4 @@
-"""CPU-only shim that lets megatron-core 0.16.1 run a tiny model in one gloo process (tests, laptops).
+"""CPU-only shim that lets megatron-core 0.16.1 run a tiny model over gloo, one or several processes (tests, laptops).
 
 NOT for a GPU cluster: ``MegatronTrainer`` calls ``install_cpu_shim`` only when no CUDA/ROCm device is present,
 and ``install_cpu_shim`` refuses to run where one is. On a cluster torchrun/Ray sets up NCCL/RCCL and
@@ -15,7 +15,10 @@ What megatron-core assumes that a CPU box lacks, and what stands in for it here:
     (the CPU RNG, which it also saves, is the one a CPU forward would draw from);
   * ``moe_utils.te_general_gemm`` is Transformer Engine's GEMM, imported optimistically: set to ``None`` so the
     MoE code takes its torch path;
-  * a process group: gloo, world size 1, over an in-memory store (no port, no env vars).
+  * torch norms refuse sequence parallelism (``_patch_torch_norm`` marks their weights as Apex/TE norms do);
+  * the schedules' ``device="cuda"`` token counters and p2p ``torch.cuda.synchronize()`` (see ``_patch_schedules``);
+  * a process group: the caller's gloo group (a multi-rank run: ``megatron_parallel.init_distributed_from_env``),
+    or else gloo at world size 1 over an in-memory store (no port, no env vars).
 The model side of the CPU recipe (allgather token dispatcher, no bias in linears, local layer spec without
 Transformer Engine) is chosen by ``repro.train.megatron_backend.tiny_transformer_config``, not patched here.
 """
@@ -47,11 +50,57 @@ def install_cpu_shim() -> None:
     mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
     mp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     moe_utils.te_general_gemm = None
+    _patch_schedules()
+    _patch_torch_norm()
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    if dist.get_world_size() != 1:
-        raise TrainerError(f"megatron_shim: the CPU shim runs world size 1, the process group has {dist.get_world_size()}")
+    if dist.get_backend() != "gloo":
+        raise TrainerError(f"megatron_shim: a CPU process needs the gloo backend, the process group uses {dist.get_backend()}")
     _installed = True
+
+
+def _patch_torch_norm() -> None:
+    """Megatron's torch norms refuse sequence parallelism only because Apex/TE norms are what mark their weights
+    ``sequence_parallel`` (so their grads get summed over TP); the normalisation itself is per token. Build the
+    torch norm and mark its weights the same way."""
+    import copy
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    original = WrappedTorchNorm.__new__
+
+    def build(cls, config, *args, **kwargs):
+        if not config.sequence_parallel:
+            return original(cls, config, *args, **kwargs)
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        norm = original(cls, plain, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    WrappedTorchNorm.__new__ = build
+
+
+def _patch_schedules() -> None:
+    """The forward/backward schedules count tokens in ``torch.zeros(..., device="cuda")`` and pipeline p2p calls
+    ``torch.cuda.synchronize()``: on CPU the first allocates on the CPU and the second does nothing."""
+    import types
+
+    from megatron.core.pipeline_parallel import schedules
+
+    class _CpuTorch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def zeros(*args, **kwargs):
+            if kwargs.get("device") == "cuda":
+                kwargs["device"] = "cpu"
+            return torch.zeros(*args, **kwargs)
+
+    schedules.torch = _CpuTorch("torch")
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
 
 
 def seed_model_parallel_rng(seed: int) -> None:

@@ -53,15 +53,24 @@ class MasterAdamW:
         """The accumulated gradient of every parameter, in fp32, in ``self.names`` order."""
         return [p.grad.float() for p in self.model_params]
 
-    def step(self, lr: float) -> float:
+    def step(self, lr: float, global_norm: float | None = None) -> float:
         """Clip the accumulated gradients to ``grad_clip`` and update; returns the PRE-clip global norm.
 
+        ``global_norm``: the norm of the whole model's gradient when these parameters are one shard of it (a
+        model-parallel rank); clipping then scales by it exactly as ``clip_grad_norm_`` does by the local norm.
         A non-finite norm skips the update (as verl does) so one bad batch cannot poison the weights.
         """
         if not self.shares_storage:
             for master, p in zip(self.master, self.model_params):
                 master.grad = p.grad.float()
-        norm = float(torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip))
+        if global_norm is None:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip))
+        else:
+            norm = global_norm
+            coef = min(1.0, self.grad_clip / (norm + 1e-6)) if math.isfinite(norm) else 1.0
+            if coef < 1.0:
+                for master in self.master:
+                    master.grad.mul_(coef)
         if math.isfinite(norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
