@@ -46,6 +46,7 @@ class ActorConfig(Section):
     dtype: Literal["bf16", "fp32"] = Field("bf16", description="Trainer compute dtype; the rollout differs from it by FP8 quantisation.")
     optimizer_cpu_offload: bool = Field(True, description="Keep optimizer state in host memory (AMD: offloaded to CPU).")
     max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
+    model_provider: str | None = Field(None, description="Megatron backend: 'package.module:function' building a rank's model (None: must be set to launch; docs/megatron-dsv4.md).")
 
 
 class OptimConfig(Section):

@@ -1,7 +1,7 @@
 """What runs inside each Ray actor: a trainer worker and a rollout worker, plain Python objects.
 
 Keeping them free of Ray means tests can drive the same objects in-process; ``repro.cluster`` only places
-them and forwards calls. Each is built from the resolved recipe (a dict, so it crosses process boundaries)
+them and forwards calls (to every rank of a Megatron trainer at once). Each is built from the resolved recipe (a dict, so it crosses process boundaries)
 and the model folder.
 """
 
@@ -20,16 +20,22 @@ def _recipe(recipe: Recipe | dict) -> Recipe:
 
 
 class TrainerWorker:
+    """One trainer process: the embedded trainer, or one rank of a Megatron world (its rendezvous environment
+    set by ``repro.cluster.ranks``; the model from ``actor.model_provider``, so ``model_dir`` is unused there)."""
+
     def __init__(self, recipe: Recipe | dict, model_dir: str | Path):
         recipe = _recipe(recipe)
-        if recipe.actor.backend != "embedded":
-            raise ReproError(
-                f"actor.backend={recipe.actor.backend!r}: only the embedded trainer is built in this version; "
-                "the Megatron-core backend is tracked separately (cluster path)"
-            )
-        from repro.train.embedded import EmbeddedTrainer
+        if recipe.actor.backend == "megatron":  # needs megatron-core (`make test-megatron` builds .venv-megatron)
+            from repro.train.megatron_backend import MegatronTrainer
+            from repro.train.megatron_parallel import init_distributed_from_env
 
-        self.trainer = EmbeddedTrainer.from_recipe(recipe, model_dir)
+            if recipe.actor.num_workers > 1:
+                init_distributed_from_env()
+            self.trainer = MegatronTrainer.from_recipe(recipe)
+        else:
+            from repro.train.embedded import EmbeddedTrainer
+
+            self.trainer = EmbeddedTrainer.from_recipe(recipe, model_dir)
         self.bucket_bytes = recipe.weight_sync.bucket_mb * 1024 * 1024
 
     def logprobs(self, batch, replay_routing: bool = True):
@@ -39,13 +45,30 @@ class TrainerWorker:
         return self.trainer.train_step(batch)
 
     def weight_buckets(self, version: int) -> list[Bucket]:
-        return make_buckets(self.trainer.named_weights(), self.bucket_bytes, version)
+        """The whole model in buckets, on rank 0 (other ranks send their part there and return [])."""
+        weights = _gather_to_rank0(list(self.trainer.named_weights()))
+        return make_buckets(weights, self.bucket_bytes, version) if weights else []
 
     def save(self, directory: str) -> str:
         return str(self.trainer.save(directory))
 
     def load(self, directory: str) -> None:
         self.trainer.load(directory)
+
+
+def _gather_to_rank0(part: list) -> list:
+    """Every rank's list concatenated on rank 0 (in rank order), [] elsewhere; ``part`` itself in one process.
+
+    A pickled gather through the trainer's process group: the CPU lanes' transport. AMD streams 2 GB buckets
+    to the rollout node over RDMA instead; a 284B model must not pass through one rank like this.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return part
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(part, gathered, dst=0)
+    return [item for piece in gathered for item in piece] if gathered is not None else []
 
 
 class RolloutWorker:
