@@ -216,5 +216,21 @@ class TestLocalTinyInstance:
         worker = start_worker(tiny_placed, ROLLOUT, 0, "collections:Counter", kwargs={"a": 1})
         assert call(worker, "total", timeout_s=60) == 1  # a "module:attr" factory resolves in the worker
         ray.kill(worker.actor, no_restart=True)
+        _wait_until_dead(worker)  # ray.kill is asynchronous: a call right after it may still be served
         with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 died during generate: "):
             call(worker, "generate", [[1, 2]], timeout_s=60)
+
+
+def _wait_until_dead(worker, timeout_s: float = 60.0) -> None:
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(worker.actor.where.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{worker.name} still answers {timeout_s:g} s after ray.kill")

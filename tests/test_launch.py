@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 
 from repro.cluster.launch import (  # noqa: E402
     LaunchError,
+    launch_blockers,
     megatron_coords,
     missing_backends,
     parallel_sizes,
@@ -85,18 +86,22 @@ def test_launch_without_backends_stops_naming_them(monkeypatch):
     monkeypatch.setattr(launch_module, "module_available", lambda name: False)
     assert len(missing_backends(load_recipe(AMD))) == 2
     assert missing_backends(load_recipe("tiny-cpu")) == []  # embedded backends: nothing to find
-    with pytest.raises(LaunchError, match=r"missing the Megatron-core trainer backend \(repro/train/megatron_backend.py\).*"
-                                          r"the vLLM rollout engine \(repro/rollout/vllm_engine.py\)"):
+    with pytest.raises(LaunchError, match=r"missing megatron-core, the Megatron trainer backend's library .*module megatron.core.*"
+                                          r"missing vLLM, the rollout engine's library .*module vllm"):
         _launch(["--recipe", AMD])
 
 
-def test_launch_with_backends_but_single_worker_groups_says_what_is_not_wired(monkeypatch):
+def test_launch_with_backends_but_no_dsv4_model_provider_names_the_field(monkeypatch):
     import repro.cluster.launch as launch_module
 
     monkeypatch.setattr(launch_module, "module_available", lambda name: True)
     assert missing_backends(load_recipe(AMD)) == []
-    with pytest.raises(LaunchError, match=r"16 trainer ranks, but repro.cluster.groups.RayGroups starts one trainer"):
+    with pytest.raises(LaunchError, match=r"^recipe amd-dsv4-flash-mi308x cannot be launched from here: actor.model_provider "
+                                          r"is not set: megatron-core has no DeepSeek-V4 layers"):
         _launch(["--recipe", AMD])
+    assert launch_blockers(load_recipe(AMD, ["actor.model_provider=lumenrl.models:dsv4_provider"])) == []
+    assert launch_blockers(load_recipe(AMD, ["rollout.num_replicas=2", "cluster.num_nodes=4", "actor.model_provider=m:f"])) == [
+        "rollout.num_replicas=2: one rollout replica is started"]
 
 
 def test_dry_run_without_a_cluster_prints_the_unplaced_plan_and_fails(capsys):

@@ -27,10 +27,11 @@ from repro.cluster.placement import ROLLOUT, TRAINER, PlacementPlan, PlacementRo
 if TYPE_CHECKING:
     from repro.config import Recipe
 
-# What `launch` needs besides the Ray layer; written by other engineers, checked before anything starts.
+# What the workers import besides this package (the cluster image must have them; `make test-megatron` and
+# `make test-vllm` build CPU environments with the pinned versions).
 CLUSTER_BACKENDS = {
-    "megatron": ("repro.train.megatron_backend", "the Megatron-core trainer backend (repro/train/megatron_backend.py)"),
-    "vllm": ("repro.rollout.vllm_engine", "the vLLM rollout engine (repro/rollout/vllm_engine.py)"),
+    "megatron": ("megatron.core", "megatron-core, the Megatron trainer backend's library (pin: repro/cluster/pins.py)"),
+    "vllm": ("vllm", "vLLM, the rollout engine's library (pin: repro/cluster/pins.py)"),
 }
 MASTER_PORT = 29500
 
@@ -154,9 +155,21 @@ def module_available(module: str) -> bool:
 
 
 def missing_backends(recipe: "Recipe") -> list[str]:
-    """Backends the recipe names that are not importable here (empty for the embedded CPU backends)."""
+    """Backends the recipe names whose library is not importable here (empty for the embedded CPU backends)."""
     needed = [CLUSTER_BACKENDS[b] for b in (recipe.actor.backend, recipe.rollout.backend) if b in CLUSTER_BACKENDS]
     return [f"{what} (module {module})" for module, what in needed if not module_available(module)]
+
+
+def launch_blockers(recipe: "Recipe") -> list[str]:
+    """Why the run cannot start from here, each naming what to install or set; empty when it can."""
+    blockers = [f"missing {m}" for m in missing_backends(recipe)]
+    if recipe.actor.backend == "megatron" and not recipe.actor.model_provider:
+        blockers.append(
+            "actor.model_provider is not set: megatron-core has no DeepSeek-V4 layers, so the trainer ranks need a "
+            "'module:function' that builds one (LumenRL's Megatron fork provides it: docs/megatron-dsv4.md)")
+    if recipe.rollout.num_replicas != 1:
+        blockers.append(f"rollout.num_replicas={recipe.rollout.num_replicas}: one rollout replica is started")
+    return blockers
 
 
 # -- the dry run ---------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 worker and bundle, each trainer rank's Megatron coordinates and the vLLM engine arguments, then releases the
 placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
 
-Without ``--dry-run`` it refuses, naming them, when the recipe's cluster backends (Megatron-core trainer,
-vLLM rollout) are not in this checkout; otherwise it hands over to ``repro run`` (``repro.commands.run.execute``).
+Without ``--dry-run`` it refuses, naming each, when a worker library (megatron-core, vLLM) is not importable or
+``actor.model_provider`` is unset; otherwise it hands over to ``repro run`` (``repro.commands.run.execute``),
+whose Ray groups start one actor per trainer rank (one torch.distributed world) and the rollout replica.
 """
 
 from __future__ import annotations
@@ -45,24 +46,9 @@ def _with_address(recipe):
     return recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": address})})
 
 
-def _require_multi_worker_groups(recipe) -> None:
-    """``repro run``'s Ray groups (repro/cluster/groups.py) start one trainer and one rollout worker today."""
-    from repro.cluster.groups import RayGroups
-    from repro.cluster.launch import LaunchError
-
-    multi = recipe.actor.num_workers > 1 or recipe.rollout.num_replicas > 1
-    if multi and not getattr(RayGroups, "supports_multi_worker", False):
-        raise LaunchError(
-            f"recipe {recipe.name}: {recipe.actor.num_workers} trainer ranks, but repro.cluster.groups.RayGroups "
-            "starts one trainer and one rollout worker: the multi-rank trainer group (one actor per bundle with "
-            "RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT and the Megatron coordinates `--dry-run` prints, "
-            "torch.distributed rendezvous) and the TP8 vLLM engine actor are not wired into the run yet"
-        )
-
-
 def run(args) -> int:
     from repro.cluster import ClusterError
-    from repro.cluster.launch import LaunchError, dry_run, format_dry_run, missing_backends, unplaced_rows
+    from repro.cluster.launch import LaunchError, dry_run, format_dry_run, launch_blockers, unplaced_rows
     from repro.cluster.placement import plan_placement
 
     recipe = load_recipe(args.recipe, list(args.overrides))
@@ -75,13 +61,12 @@ def run(args) -> int:
             raise ClusterError(f"dry run: the plan above could not be placed: {err}") from None
         print(text)
         return 0
-    missing = missing_backends(recipe)
-    if missing:
+    blockers = launch_blockers(recipe)
+    if blockers:
         raise LaunchError(
-            f"recipe {recipe.name} cannot be launched from this checkout: missing {'; '.join(missing)}. "
+            f"recipe {recipe.name} cannot be launched from here: {'; '.join(blockers)}. "
             "`repro launch --dry-run` still shows the placement and every worker's arguments"
         )
-    _require_multi_worker_groups(recipe)
     from repro.commands import run as run_command
 
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
