@@ -36,7 +36,7 @@ cannot be built on CPU. ``megatron_layout(...)["optimizer"]`` is the ``Optimizer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -46,86 +46,17 @@ from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrection
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
 from repro.train.base import LogprobResult
-from repro.train.batch import micro_batches, padded_to_multiple, padded_to_shape
+from repro.train.batch import micro_batches, padded_to_multiple
 from repro.train.checks import check_batch
 from repro.train.embedded import EmbeddedTrainer, _UpdateStats
+from repro.train.megatron_layout import megatron_layout
 from repro.train.megatron_parallel import (
     RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, global_grad_norm,
-    reduce_gradients, vocab_parallel_entropy, vocab_parallel_logprobs,
+    lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
+    vocab_parallel_logprobs,
 )
 from repro.train.megatron_tiny import TinyGPTMoE, build_tiny_gpt_moe, tiny_transformer_config  # noqa: F401 (re-exported)
 
-
-
-# ---- recipe -> megatron configuration (pure) ---------------------------------------------------------------
-
-
-def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
-    """Keyword arguments, per megatron-core constructor, that the recipe's trainer section implies.
-
-    Keys: ``parallel_state`` (``initialize_model_parallel``), ``transformer`` (parallel/recompute/precision/MoE
-    fields of ``TransformerConfig``; the architecture comes from the model provider), ``optimizer``
-    (``OptimizerConfig``), ``ddp`` (``DistributedDataParallelConfig``). Pure: reads the recipe, returns dicts.
-    """
-    actor, optim = recipe.actor, recipe.optim
-    bf16 = actor.dtype == "bf16"
-    multi_rank = actor.num_workers > 1
-    ep = actor.expert_parallel
-    parallel_state = {
-        "tensor_model_parallel_size": actor.tensor_parallel,
-        "pipeline_model_parallel_size": actor.pipeline_parallel,
-        "expert_model_parallel_size": ep,
-        "expert_tensor_parallel_size": actor.expert_tensor_parallel,
-        "context_parallel_size": 1,
-    }
-    full = actor.recompute == "full"
-    transformer = {
-        "tensor_model_parallel_size": actor.tensor_parallel,
-        "pipeline_model_parallel_size": actor.pipeline_parallel,
-        "expert_model_parallel_size": ep,
-        "expert_tensor_parallel_size": actor.expert_tensor_parallel,
-        # Megatron only allows sequence parallelism with TP > 1 (it splits the sequence across the TP group).
-        "sequence_parallel": actor.sequence_parallel and actor.tensor_parallel > 1,
-        "recompute_granularity": "full" if full else None,
-        "recompute_method": "uniform" if full else None,
-        "recompute_num_layers": 1 if full else None,
-        "bf16": bf16,
-        "params_dtype": torch.bfloat16 if bf16 else torch.float32,
-        # activations sent between pipeline stages (megatron requires it once PP > 1)
-        "pipeline_dtype": (torch.bfloat16 if bf16 else torch.float32) if actor.pipeline_parallel > 1 else None,
-        "num_moe_experts": recipe.model.num_routed_experts,
-        "moe_router_topk": recipe.model.num_experts_per_tok,
-        "moe_enable_routing_replay": recipe.routing_replay.enabled,
-        # alltoall moves only the routed tokens between EP ranks; allgather is the one that runs on CPU at EP1
-        "moe_token_dispatcher_type": "alltoall" if ep > 1 else "allgather",
-        "moe_router_load_balancing_type": "none",  # GRPO fine-tuning: no aux loss (kl/entropy/aux all 0)
-        "moe_aux_loss_coeff": 0.0,
-    }
-    optimizer = {
-        "optimizer": "adam",
-        "lr": optim.lr,
-        "min_lr": optim.lr,  # constant schedule
-        "weight_decay": optim.weight_decay,
-        "adam_beta1": optim.betas[0],
-        "adam_beta2": optim.betas[1],
-        "adam_eps": optim.eps,
-        "clip_grad": optim.grad_clip,
-        "bf16": bf16,
-        "params_dtype": torch.bfloat16 if bf16 else torch.float32,
-        "use_distributed_optimizer": multi_rank,
-        "optimizer_cpu_offload": actor.optimizer_cpu_offload,
-        "optimizer_offload_fraction": 1.0 if actor.optimizer_cpu_offload else 0.0,
-        "overlap_cpu_optimizer_d2h_h2d": actor.optimizer_cpu_offload,
-        # megatron's HybridDeviceOptimizer (CPU offload) runs through the precision-aware path
-        "use_precision_aware_optimizer": actor.optimizer_cpu_offload and multi_rank,
-    }
-    ddp = {
-        "use_distributed_optimizer": multi_rank,
-        "grad_reduce_in_fp32": True,
-        "overlap_grad_reduce": False,
-        "overlap_param_gather": False,
-    }
-    return {"parallel_state": parallel_state, "transformer": transformer, "optimizer": optimizer, "ddp": ddp}
 
 
 def _detach_from_global_replay_list(model: torch.nn.Module) -> None:
@@ -397,9 +328,9 @@ class MegatronTrainer(EmbeddedTrainer):
                 entropy = vocab_parallel_entropy(logits.detach(), self.temperature)
                 return self._micro_loss(micro, logp, entropy, totals, stats)
 
-            micros = self._lockstep_over_data_parallel(self._micro_batches(batch.rows(rows)), batch)
+            micros = lockstep_over_data_parallel(self._micro_batches(batch.rows(rows)), batch)
             self._schedule(micros, self.replay_routing, score, forward_only=False)
-        return _sum_over_data_parallel(from_last_stage(stats))
+        return sum_over_data_parallel(from_last_stage(stats))
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Token-budget micro-batches; under sequence parallelism each padded to a width TP divides."""
@@ -410,29 +341,6 @@ class MegatronTrainer(EmbeddedTrainer):
         if self.model.config.sequence_parallel and tp > 1:
             micros = [padded_to_multiple(m, tp) for m in micros]
         return micros
-
-    def _lockstep_over_data_parallel(self, micros: list[TrainBatch], template: TrainBatch) -> list[TrainBatch]:
-        """Data-parallel replicas forward their own rows, but expert-parallel all-gathers span replicas and the
-        schedule expects one micro-batch count: every replica runs as many micro-batches as the busiest, each
-        padded (rows, width) to the largest at its index, with all-padding ones where it has none."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
-        group = ps.get_data_parallel_group()
-        if dist.get_world_size(group) == 1:
-            return micros
-        count = torch.tensor([len(micros)])
-        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-        shapes = torch.zeros((int(count), 2), dtype=torch.int64)
-        for i, micro in enumerate(micros):
-            shapes[i] = torch.tensor(micro.input_ids.shape)
-        dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
-        empty = template.rows(slice(0, 0))
-        empty = replace(empty, **{f: v[:, :0] if isinstance(v, torch.Tensor) and v.dim() > 1 else v
-                                  for f, v in vars(empty).items() if f != "routing"},
-                        routing=None if empty.routing is None else {k: v[:, :0] for k, v in empty.routing.items()})
-        return [padded_to_shape(micros[i] if i < len(micros) else empty, int(r), int(w))
-                for i, (r, w) in enumerate(shapes.tolist())]
 
     def _optimizer_step(self, lr: float) -> float:
         reduce_gradients(self.model)
@@ -473,21 +381,6 @@ class MegatronTrainer(EmbeddedTrainer):
 
         load_trainer(self, self._rank_dir(directory), backend="megatron",
                      load_weights=lambda weights, source: load_weights(self.model, weights, source))
-
-
-def _sum_over_data_parallel(stats: _UpdateStats) -> _UpdateStats:
-    """Add the replicas' sums (each forwarded its own rows); the skipped-row count is already whole-batch."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    if ps.get_data_parallel_world_size() == 1:
-        return stats
-    keys = [k for k in vars(stats) if k != "rows_skipped"]
-    sums = torch.tensor([float(getattr(stats, k)) for k in keys], dtype=torch.float64)
-    dist.all_reduce(sums, group=ps.get_data_parallel_group())
-    for key, value in zip(keys, sums.tolist()):
-        setattr(stats, key, type(getattr(stats, key))(value))
-    return stats
 
 
 def resolve_model_provider(recipe: Recipe) -> Callable[..., torch.nn.Module]:

@@ -162,7 +162,8 @@ def global_grad_norm(model: torch.nn.Module) -> float:
 # ---- full weights <-> this rank's shard --------------------------------------------------------------------
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")  # SequentialMLP: one module per expert
+_GROUPED_EXPERT = re.compile(r"(\.experts\.linear_fc[12]\.weight)(\d+)$")  # grouped GEMM: weight<e>
 
 
 def full_names(model: torch.nn.Module) -> dict[str, str]:
@@ -170,21 +171,15 @@ def full_names(model: torch.nn.Module) -> dict[str, str]:
     from megatron.core import parallel_state as ps
 
     layer_numbers = [layer.layer_number - 1 for layer in model.decoder.layers]
-    ep_rank = ps.get_expert_model_parallel_rank()
+    experts = model.config.num_moe_experts or 0
+    offset = ps.get_expert_model_parallel_rank() * (experts // ps.get_expert_model_parallel_world_size())
     names = {}
     for name in model.state_dict():
         full = _LAYER.sub(lambda m: f"decoder.layers.{layer_numbers[int(m.group(1))]}.", name)
-        experts = _local_expert_count(model, name)
-        full = _EXPERT.sub(lambda m: f".experts.local_experts.{ep_rank * experts + int(m.group(1))}.", full)
+        full = _EXPERT.sub(lambda m: f".experts.local_experts.{offset + int(m.group(1))}.", full)
+        full = _GROUPED_EXPERT.sub(lambda m: f"{m.group(1)}{offset + int(m.group(2))}", full)
         names[name] = full
     return names
-
-
-def _local_expert_count(model: torch.nn.Module, name: str) -> int:
-    match = _LAYER.match(name)
-    if not match or not _EXPERT.search(name):
-        return 0
-    return len(model.decoder.layers[int(match.group(1))].mlp.experts.local_experts)
 
 
 def _is_glu(name: str, model: torch.nn.Module) -> bool:
@@ -255,6 +250,50 @@ def load_full_weights(model: torch.nn.Module, full_tensor: Callable[[str, tuple[
             if split:
                 full = _shard(full, param.partition_dim, _is_glu(name, model), tp_rank, dist.get_world_size(tp_group))
             (param if param is not None else local).copy_(full.to(local.dtype))
+
+
+# ---- data-parallel replicas -------------------------------------------------------------------------------
+
+
+def lockstep_over_data_parallel(micros: list, template) -> list:
+    """Data-parallel replicas forward their own rows, but expert-parallel all-gathers span replicas and the
+    schedule expects one micro-batch count: every replica runs as many micro-batches as the busiest, each
+    padded (rows, width) to the largest at its index, with all-padding ones where it has none."""
+    from dataclasses import replace
+
+    from megatron.core import parallel_state as ps
+
+    from repro.train.batch import padded_to_shape
+
+    group = ps.get_data_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return micros
+    count = torch.tensor([len(micros)])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+    shapes = torch.zeros((int(count), 2), dtype=torch.int64)
+    for i, micro in enumerate(micros):
+        shapes[i] = torch.tensor(micro.input_ids.shape)
+    dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
+    empty = template.rows(slice(0, 0))
+    empty = replace(empty, **{f: v[:, :0] if isinstance(v, torch.Tensor) and v.dim() > 1 else v
+                              for f, v in vars(empty).items() if f != "routing"},
+                    routing=None if empty.routing is None else {k: v[:, :0] for k, v in empty.routing.items()})
+    return [padded_to_shape(micros[i] if i < len(micros) else empty, int(r), int(w))
+            for i, (r, w) in enumerate(shapes.tolist())]
+
+
+def sum_over_data_parallel(stats):
+    """Add the replicas' sums (each forwarded its own rows); the skipped-row count is already whole-batch."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_data_parallel_world_size() == 1:
+        return stats
+    keys = [k for k in vars(stats) if k != "rows_skipped"]
+    sums = torch.tensor([float(getattr(stats, k)) for k in keys], dtype=torch.float64)
+    dist.all_reduce(sums, group=ps.get_data_parallel_group())
+    for key, value in zip(keys, sums.tolist()):
+        setattr(stats, key, type(getattr(stats, key))(value))
+    return stats
 
 
 # ---- results that only the last pipeline stage computes ----------------------------------------------------

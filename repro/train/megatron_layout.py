@@ -1,0 +1,77 @@
+"""Recipe -> megatron-core configuration, as plain keyword dicts (no megatron import, no process group)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from repro.config import Recipe
+
+
+def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
+    """Keyword arguments, per megatron-core constructor, that the recipe's trainer section implies.
+
+    Keys: ``parallel_state`` (``initialize_model_parallel``), ``transformer`` (parallel/recompute/precision/MoE
+    fields of ``TransformerConfig``; the architecture comes from the model provider), ``optimizer``
+    (``OptimizerConfig``), ``ddp`` (``DistributedDataParallelConfig``). Pure: reads the recipe, returns dicts.
+    """
+    actor, optim = recipe.actor, recipe.optim
+    bf16 = actor.dtype == "bf16"
+    multi_rank = actor.num_workers > 1
+    ep = actor.expert_parallel
+    parallel_state = {
+        "tensor_model_parallel_size": actor.tensor_parallel,
+        "pipeline_model_parallel_size": actor.pipeline_parallel,
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": actor.expert_tensor_parallel,
+        "context_parallel_size": 1,
+    }
+    full = actor.recompute == "full"
+    transformer = {
+        "tensor_model_parallel_size": actor.tensor_parallel,
+        "pipeline_model_parallel_size": actor.pipeline_parallel,
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": actor.expert_tensor_parallel,
+        # Megatron only allows sequence parallelism with TP > 1 (it splits the sequence across the TP group).
+        "sequence_parallel": actor.sequence_parallel and actor.tensor_parallel > 1,
+        "recompute_granularity": "full" if full else None,
+        "recompute_method": "uniform" if full else None,
+        "recompute_num_layers": 1 if full else None,
+        "bf16": bf16,
+        "params_dtype": torch.bfloat16 if bf16 else torch.float32,
+        # activations sent between pipeline stages (megatron requires it once PP > 1)
+        "pipeline_dtype": (torch.bfloat16 if bf16 else torch.float32) if actor.pipeline_parallel > 1 else None,
+        "num_moe_experts": recipe.model.num_routed_experts,
+        "moe_router_topk": recipe.model.num_experts_per_tok,
+        "moe_enable_routing_replay": recipe.routing_replay.enabled,
+        # alltoall moves only the routed tokens between EP ranks; allgather is the one that runs on CPU at EP1
+        "moe_token_dispatcher_type": "alltoall" if ep > 1 else "allgather",
+        "moe_router_load_balancing_type": "none",  # GRPO fine-tuning: no aux loss (kl/entropy/aux all 0)
+        "moe_aux_loss_coeff": 0.0,
+    }
+    optimizer = {
+        "optimizer": "adam",
+        "lr": optim.lr,
+        "min_lr": optim.lr,  # constant schedule
+        "weight_decay": optim.weight_decay,
+        "adam_beta1": optim.betas[0],
+        "adam_beta2": optim.betas[1],
+        "adam_eps": optim.eps,
+        "clip_grad": optim.grad_clip,
+        "bf16": bf16,
+        "params_dtype": torch.bfloat16 if bf16 else torch.float32,
+        "use_distributed_optimizer": multi_rank,
+        "optimizer_cpu_offload": actor.optimizer_cpu_offload,
+        "optimizer_offload_fraction": 1.0 if actor.optimizer_cpu_offload else 0.0,
+        "overlap_cpu_optimizer_d2h_h2d": actor.optimizer_cpu_offload,
+        # megatron's HybridDeviceOptimizer (CPU offload) runs through the precision-aware path
+        "use_precision_aware_optimizer": actor.optimizer_cpu_offload and multi_rank,
+    }
+    ddp = {
+        "use_distributed_optimizer": multi_rank,
+        "grad_reduce_in_fp32": True,
+        "overlap_grad_reduce": False,
+        "overlap_param_gather": False,
+    }
+    return {"parallel_state": parallel_state, "transformer": transformer, "optimizer": optimizer, "ddp": ddp}
