@@ -126,6 +126,8 @@ def padded_to_shape(batch: TrainBatch, rows: int, width: int) -> TrainBatch:
     have_rows, have_width = batch.input_ids.shape
     if rows < have_rows or width < have_width:
         raise ReproError(f"padded_to_shape: cannot shrink [{have_rows}, {have_width}] to [{rows}, {width}]")
+    if (rows, width) == (have_rows, have_width):
+        return batch
 
     def pad(tensor: torch.Tensor, token_dims: bool = True) -> torch.Tensor:
         shape = (rows, width, *tensor.shape[2:]) if token_dims else (rows,)
