@@ -45,8 +45,8 @@ class TrainerWorker:
         return self.trainer.train_step(batch)
 
     def weight_buckets(self, version: int) -> list[Bucket]:
-        """The whole model in buckets, on rank 0 (other ranks send their part there and return [])."""
-        weights = _gather_to_rank0(list(self.trainer.named_weights()))
+        """The whole model in buckets (a Megatron trainer: on rank 0; its other ranks return [])."""
+        weights = list(self.trainer.named_weights())
         return make_buckets(weights, self.bucket_bytes, version) if weights else []
 
     def save(self, directory: str) -> str:
@@ -54,21 +54,6 @@ class TrainerWorker:
 
     def load(self, directory: str) -> None:
         self.trainer.load(directory)
-
-
-def _gather_to_rank0(part: list) -> list:
-    """Every rank's list concatenated on rank 0 (in rank order), [] elsewhere; ``part`` itself in one process.
-
-    A pickled gather through the trainer's process group: the CPU lanes' transport. AMD streams 2 GB buckets
-    to the rollout node over RDMA instead; a 284B model must not pass through one rank like this.
-    """
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return part
-    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(part, gathered, dst=0)
-    return [item for piece in gathered for item in piece] if gathered is not None else []
 
 
 class RolloutWorker:

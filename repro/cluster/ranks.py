@@ -67,7 +67,9 @@ class RankGroup:
     def _submit_all(self, method: str, *args: Any) -> list[Any]:
         import ray
 
-        shared = [ray.put(a) if not isinstance(a, (int, float, str, bool, type(None))) else a for a in args]
+        # a batch is put in the object store once for all ranks; ObjectRefs (sync buckets) pass as they are
+        plain = (int, float, str, bool, type(None), ray.ObjectRef)
+        shared = [a if isinstance(a, plain) or len(self.workers) == 1 else ray.put(a) for a in args]
         return [w.actor.invoke.remote(method, *shared) for w in self.workers]
 
     def _wait(self, refs: list[Any], method: str, timeout_s: float | None) -> list[Any]:

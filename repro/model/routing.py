@@ -42,6 +42,21 @@ def topk_routers(model: torch.nn.Module) -> dict[int, DeepseekV4TopKRouter]:
     return routers
 
 
+def recordable_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    """layer index -> top-k router whose choices ``RoutingRecorder`` can record: DeepSeek-V4's, and any
+    transformers MoE router at ``layer.mlp.gate`` that returns ``(logits, weights, indices)`` with a ``top_k``
+    (Qwen3-MoE's ``Qwen3MoeTopKRouter``, the Megatron CPU lane's rollout model). Replay stays DeepSeek-V4-only."""
+    base = getattr(model, "model", model)
+    routers = {}
+    for i, layer in enumerate(getattr(base, "layers", [])):
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        if isinstance(gate, DeepseekV4TopKRouter) or (type(gate).__name__.endswith("TopKRouter") and hasattr(gate, "top_k")):
+            routers[i] = gate
+    if not routers:
+        raise RoutingError(f"{type(model).__name__} has no top-k MoE router at layers[i].mlp.gate")
+    return routers
+
+
 class _RouterHooks:
     """A forward hook on every top-k router of one model while the ``with`` block runs; ``_hook(layer)`` makes it."""
 
@@ -71,13 +86,28 @@ class RoutingRecorder(_RouterHooks):
     """
 
     def __init__(self, model: torch.nn.Module):
-        self.routers = topk_routers(model)
+        self.routers = recordable_routers(model)
+        base = getattr(model, "model", model)
+        # the MoE block sees [batch, seq, hidden]; some routers (Qwen3-MoE) only see the flattened tokens
+        self._blocks = {i: base.layers[i].mlp for i in self.routers}
+        self._shape: dict[int, tuple[int, int]] = {}
         self._steps: dict[int, list[torch.Tensor]] = {i: [] for i in self.routers}
         self._handles: list = []
 
+    def __enter__(self):
+        super().__enter__()
+        self._handles += [block.register_forward_pre_hook(self._shape_hook(i)) for i, block in self._blocks.items()]
+        return self
+
+    def _shape_hook(self, layer: int):
+        def remember(module, args):
+            self._shape[layer] = tuple(args[0].shape[:2])
+
+        return remember
+
     def _hook(self, layer: int):
         def record(module, args, output):
-            batch, seq = args[0].shape[:2]
+            batch, seq = self._shape[layer]
             self._steps[layer].append(output[2].detach().view(batch, seq, -1).to(torch.int64))
 
         return record

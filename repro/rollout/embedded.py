@@ -6,7 +6,7 @@ trainer's. Per response it returns the sampled ids, the log-prob of each sampled
 own distribution, the experts every top-k MoE layer chose at every fed position (for R3), and why it stopped.
 
 Works with any transformers causal LM whose cache is a ``DynamicCache`` passed as ``cache=``/
-``past_key_values=``; routing is recorded where ``repro.model.routing`` can hook the routers (DeepSeek-V4).
+``past_key_values=``; routing is recorded where ``repro.model.routing`` can hook the routers (DeepSeek-V4, Qwen3-MoE).
 
 Prompts of different lengths are decoded in separate groups rather than padded: DeepSeek-V4's compressed
 attention groups absolute positions into blocks, so left padding would shift what each block holds.
@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from repro.errors import ReproError
-from repro.model.routing import RoutingError, RoutingRecorder, topk_routers
+from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 
 # named tensors as the trainer holds them -> named tensors as the engine computes with (e.g. FP8 round trip)
@@ -64,7 +64,7 @@ class EmbeddedEngine:
 
     def _has_topk_routers(self) -> bool:
         try:
-            topk_routers(self.model)
+            recordable_routers(self.model)
         except RoutingError:
             return False
         return True

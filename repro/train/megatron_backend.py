@@ -51,7 +51,7 @@ from repro.train.checks import check_batch
 from repro.train.embedded import EmbeddedTrainer, _UpdateStats
 from repro.train.megatron_layout import megatron_layout
 from repro.train.megatron_parallel import (
-    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, global_grad_norm,
+    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
@@ -218,7 +218,8 @@ class MegatronTrainer(EmbeddedTrainer):
         layout = megatron_layout(recipe)
         ensure_model_parallel(layout["parallel_state"])
         provider = model_provider or resolve_model_provider(recipe)
-        model = provider(recipe)
+        built = provider(recipe)  # a model, or (model, export_names) when the rollout speaks other names
+        model, export_names = built if isinstance(built, tuple) else (built, None)
         settings = dict(
             optim=recipe.optim,
             algorithm=recipe.algorithm,
@@ -229,6 +230,7 @@ class MegatronTrainer(EmbeddedTrainer):
             replay_routing=recipe.routing_replay.enabled,
             seed=recipe.seed,
             parallel_state=layout["parallel_state"],
+            export_names=export_names,
         )
         return cls(model, **{**settings, **overrides})
 
@@ -349,16 +351,21 @@ class MegatronTrainer(EmbeddedTrainer):
     # ---- weights and state ---------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full (world-size-1) weights this rank exports -- all ranks together yield each exactly once --
-        as detached CPU copies in the trainer's dtype (BF16 for a bf16 recipe); names mapped by ``export_names``
-        when given. Collective: every rank must call it."""
-        weights = {}
+        """The whole model's full (world-size-1) weights on rank 0 -- each rank exports its share, gathered there
+        -- as detached CPU copies in the trainer's dtype (BF16 for a bf16 recipe), names mapped by
+        ``export_names`` when given; nothing on the other ranks. Collective: every rank must call it.
+
+        The gather is a pickled one through the trainer's process group: the CPU lanes' transport. AMD streams
+        2 GB buckets to the rollout node over RDMA instead; a 284B model must not pass through one rank like this.
+        """
+        part = {}
         for name, tensor in export_full_weights(self.model):
             tensor = tensor.detach().to("cpu")
             if tensor.is_floating_point():
                 tensor = tensor.to(self.dtype)
-            weights[name] = tensor.clone()
-        if self.export_names is not None:
+            part[name] = tensor.clone()
+        weights = gather_to_rank0(part)
+        if weights and self.export_names is not None:
             weights = self.export_names(weights)
         yield from weights.items()
 

@@ -296,6 +296,15 @@ def sum_over_data_parallel(stats):
     return stats
 
 
+def gather_to_rank0(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every rank's ``part`` merged on rank 0 (a pickled gather), {} on the others; ``part`` in one process."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return part
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(part, gathered, dst=0)
+    return {name: tensor for piece in gathered for name, tensor in piece.items()} if gathered is not None else {}
+
+
 # ---- results that only the last pipeline stage computes ----------------------------------------------------
 
 
