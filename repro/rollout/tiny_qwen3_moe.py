@@ -55,9 +55,10 @@ def build_tiny_qwen3_moe(out_dir: str | Path, seed: int = 0, num_layers: int = 2
 
 
 def build_tiny_math_qwen3_moe(out_dir: str | Path, seed: int = 0) -> Path:
-    """A random tiny Qwen3-MoE (2 layers, 8 experts top-2, head_dim 16) in fp32 with the tiny-math character
-    tokenizer, vocabulary padded to 32 so it splits over 2 or 4 tensor-parallel ranks: the model with which the
-    Megatron lane runs the whole loop (trainer ranks in megatron layout, rollout and sync in HF layout)."""
+    """A random tiny Qwen3-MoE (2 layers, 8 experts top-2, head_dim 64 as vLLM's CPU attention wants) in fp32 with
+    the tiny-math character tokenizer, vocabulary padded to 32 so it splits over 2 or 4 tensor-parallel ranks:
+    the model with which the Megatron lanes run the whole loop (trainer ranks in megatron layout, rollout and
+    sync in HF layout)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from repro.model.checkpoint import save_checkpoint
@@ -66,7 +67,7 @@ def build_tiny_math_qwen3_moe(out_dir: str | Path, seed: int = 0) -> Path:
     tokenizer = build_tiny_tokenizer()
     config = Qwen3MoeConfig(
         vocab_size=32, hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=256,
         tie_word_embeddings=False, rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,

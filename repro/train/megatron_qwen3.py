@@ -94,8 +94,11 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[
     return out
 
 
-def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Full megatron state -> HF Qwen3-MoE names and layouts: the inverse of ``hf_to_megatron``."""
+def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any], on_disk: bool = False) -> dict[str, torch.Tensor]:
+    """Full megatron state -> HF Qwen3-MoE names and layouts: the inverse of ``hf_to_megatron``.
+
+    ``on_disk``: the checkpoint file's names instead (one ``mlp.experts.E.{gate,up,down}_proj.weight`` per
+    expert), which is what vLLM's ``load_weights`` reads; transformers fuses them in memory."""
     out = {name: meg[m] for m, name in GLOBAL_NAMES.items()}
     heads, groups, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     per_group = heads // groups
@@ -108,15 +111,24 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any]) -> dict
         out[h + "self_attn.q_proj.weight"] = q.reshape(-1, qkv.shape[-1])
         out[h + "self_attn.k_proj.weight"] = k.reshape(-1, qkv.shape[-1])
         out[h + "self_attn.v_proj.weight"] = v.reshape(-1, qkv.shape[-1])
-        experts = range(config["num_experts"])
-        out[h + "mlp.experts.gate_up_proj"] = torch.stack([meg[f"{m}mlp.experts.local_experts.{e}.linear_fc1.weight"] for e in experts])
-        out[h + "mlp.experts.down_proj"] = torch.stack([meg[f"{m}mlp.experts.local_experts.{e}.linear_fc2.weight"] for e in experts])
+        fc1 = [meg[f"{m}mlp.experts.local_experts.{e}.linear_fc1.weight"] for e in range(config["num_experts"])]
+        fc2 = [meg[f"{m}mlp.experts.local_experts.{e}.linear_fc2.weight"] for e in range(config["num_experts"])]
+        if on_disk:
+            for e, (gate_up, down) in enumerate(zip(fc1, fc2)):
+                gate, up = gate_up.chunk(2, dim=0)
+                out[f"{h}mlp.experts.{e}.gate_proj.weight"] = gate
+                out[f"{h}mlp.experts.{e}.up_proj.weight"] = up
+                out[f"{h}mlp.experts.{e}.down_proj.weight"] = down
+        else:
+            out[h + "mlp.experts.gate_up_proj"] = torch.stack(fc1)
+            out[h + "mlp.experts.down_proj"] = torch.stack(fc2)
     return out
 
 
 def provider(recipe):
     """``actor.model_provider`` for a Qwen3-MoE ``model.path``: this rank's megatron GPTModel (its stage, TP/EP
-    shard) with the checkpoint's weights, and the export that names the synced weights as the rollout's HF model.
+    shard) with the checkpoint's weights, and the export that names the synced weights as the rollout wants them
+    (transformers' in-memory names for the embedded engine, the checkpoint's for vLLM).
 
     Returns ``(model, export_names)``.
     """
@@ -155,4 +167,5 @@ def provider(recipe):
         return full[name]
 
     load_full_weights(model, lookup, source=str(model_dir))
-    return model.eval(), lambda weights: megatron_to_hf(weights, hf)
+    on_disk = recipe.rollout.backend == "vllm"  # vLLM reloads checkpoint-format tensors
+    return model.eval(), lambda weights: megatron_to_hf(weights, hf, on_disk=on_disk)
