@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.config import Recipe
-from repro.errors import ReproError
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.sync import Bucket, SyncStats, apply_buckets, make_buckets
 

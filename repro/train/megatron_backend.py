@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -55,7 +55,6 @@ from repro.train.megatron_parallel import (
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
-from repro.train.megatron_tiny import TinyGPTMoE, build_tiny_gpt_moe, tiny_transformer_config  # noqa: F401 (re-exported)
 
 
 

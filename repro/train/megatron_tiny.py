@@ -125,7 +125,7 @@ def provider(recipe) -> torch.nn.Module:
     """``actor.model_provider`` of the CPU megatron recipes: this rank's tiny GPT/MoE (vocab padded to 32 so
     it divides TP 2 and 4) with the recipe's sequence parallelism and recompute, weights from
     ``seeded_full_tensor(recipe.seed)``."""
-    from repro.train.megatron_backend import megatron_layout
+    from repro.train.megatron_layout import megatron_layout
 
     layout = megatron_layout(recipe)["transformer"]
     recipe_fields = ("sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers")

@@ -42,12 +42,12 @@ from repro.rollout.types import FinishReason, Trajectory  # noqa: E402
 from repro.train.batch import TrainBatch, build_batch  # noqa: E402
 from repro.train.megatron_backend import (  # noqa: E402
     MegatronTrainer,
-    build_tiny_gpt_moe,
     load_weights,
     moe_routers,
     record_routing,
     weight_state,
 )
+from repro.train.megatron_tiny import build_tiny_gpt_moe  # noqa: E402
 
 TEMPERATURE = contract.TEMPERATURE
 

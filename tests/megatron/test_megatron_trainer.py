@@ -11,7 +11,8 @@ import torch  # noqa: E402
 from repro.config import OptimConfig  # noqa: E402
 from repro.recipes import load_recipe  # noqa: E402
 from repro.train.base import TrainerError  # noqa: E402
-from repro.train.megatron_backend import MegatronTrainer, build_tiny_gpt_moe, record_routing  # noqa: E402
+from repro.train.megatron_backend import MegatronTrainer, record_routing  # noqa: E402
+from repro.train.megatron_tiny import build_tiny_gpt_moe  # noqa: E402
 from test_megatron_contract import MODEL_SEED, make_megatron_batch, one_thread  # noqa: E402,F401
 
 
