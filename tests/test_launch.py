@@ -91,6 +91,12 @@ def test_launch_without_backends_stops_naming_them(monkeypatch):
         _launch(["--recipe", AMD])
 
 
+def test_module_available_answers_for_submodules_of_absent_packages():
+    from repro.cluster.launch import module_available
+
+    assert module_available("json.decoder") and not module_available("no_such_package.core")
+
+
 def test_launch_with_backends_but_no_dsv4_model_provider_names_the_field(monkeypatch):
     import repro.cluster.launch as launch_module
 

@@ -151,7 +151,10 @@ def vllm_sampling_args(recipe: "Recipe") -> dict[str, Any]:
 
 
 def module_available(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # "a.b" whose parent package "a" is absent
+        return False
 
 
 def missing_backends(recipe: "Recipe") -> list[str]:
