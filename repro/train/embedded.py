@@ -73,6 +73,20 @@ def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: A
         )
 
 
+def recipe_settings(recipe: Recipe) -> dict:
+    """The trainer constructor arguments every backend takes from the recipe (the model comes separately)."""
+    return dict(
+        optim=recipe.optim,
+        algorithm=recipe.algorithm,
+        rollout_correction=recipe.rollout_correction,
+        dtype=recipe.actor.dtype,
+        max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
+        temperature=recipe.rollout.temperature,
+        replay_routing=recipe.routing_replay.enabled,
+        seed=recipe.seed,
+    )
+
+
 class EmbeddedTrainer:
     """GRPO trainer for a Hugging Face DeepSeek-V4 model on CPU.
 
@@ -143,17 +157,7 @@ class EmbeddedTrainer:
             from repro.recipes import resolve_path
 
             model_dir = resolve_path(recipe.model.path)
-        settings = dict(
-            optim=recipe.optim,
-            algorithm=recipe.algorithm,
-            rollout_correction=recipe.rollout_correction,
-            dtype=recipe.actor.dtype,
-            max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
-            temperature=recipe.rollout.temperature,
-            replay_routing=recipe.routing_replay.enabled,
-            seed=recipe.seed,
-        )
-        return cls(model_dir, **{**settings, **overrides})
+        return cls(model_dir, **{**recipe_settings(recipe), **overrides})
 
     # ---- scoring -------------------------------------------------------------------------------------------
 

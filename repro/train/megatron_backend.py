@@ -48,7 +48,7 @@ from repro.train.batch import TrainBatch
 from repro.train.base import LogprobResult
 from repro.train.batch import micro_batches, padded_to_multiple
 from repro.train.checks import check_batch
-from repro.train.embedded import EmbeddedTrainer, _UpdateStats
+from repro.train.embedded import EmbeddedTrainer, _UpdateStats, recipe_settings
 from repro.train.megatron_layout import megatron_layout
 from repro.train.megatron_parallel import (
     RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
@@ -219,18 +219,7 @@ class MegatronTrainer(EmbeddedTrainer):
         provider = model_provider or resolve_model_provider(recipe)
         built = provider(recipe)  # a model, or (model, export_names) when the rollout speaks other names
         model, export_names = built if isinstance(built, tuple) else (built, None)
-        settings = dict(
-            optim=recipe.optim,
-            algorithm=recipe.algorithm,
-            rollout_correction=recipe.rollout_correction,
-            dtype=recipe.actor.dtype,
-            max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
-            temperature=recipe.rollout.temperature,
-            replay_routing=recipe.routing_replay.enabled,
-            seed=recipe.seed,
-            parallel_state=layout["parallel_state"],
-            export_names=export_names,
-        )
+        settings = dict(recipe_settings(recipe), parallel_state=layout["parallel_state"], export_names=export_names)
         return cls(model, **{**settings, **overrides})
 
     # ---- megatron's forward/backward schedule with R3 ------------------------------------------------------
