@@ -45,10 +45,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from repro.data.source import prompt_ids
+    from repro.data.recipe_datasets import prompt_ids
     from repro.data.tinymath import TINY_PROMPT_TEMPLATE, train_problems
     from repro.model.assets import ensure_warm_checkpoint
-    from repro.model.checkpoint import load_checkpoint
+    from repro.model.hf_folder import load_checkpoint
     from repro.rollout.embedded import EmbeddedEngine
     from repro.rollout.types import SamplingParams
 

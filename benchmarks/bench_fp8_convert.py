@@ -117,7 +117,7 @@ def build(src: Path, size_gb: float, shard_gb: float, layers: int) -> dict:
 
 
 def describe(src: Path) -> dict:
-    from repro.fp8.st import read_header
+    from repro.fp8.safetensors_io import read_header
 
     files = sorted(src.glob("*.safetensors"))
     infos = [t for f in files for t in read_header(f)[0]]

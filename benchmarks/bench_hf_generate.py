@@ -17,7 +17,7 @@ import torch
 
 from repro.data.tinymath import TINY_PROMPT_TEMPLATE, train_problems
 from repro.model.assets import tiny_checkpoint_path
-from repro.model.checkpoint import MAX_NEW_TOKENS, load_checkpoint
+from repro.model.hf_folder import MAX_NEW_TOKENS, load_checkpoint
 from repro.model.tiny import build_tiny_model
 from repro.model.tokenizer import build_tiny_tokenizer
 

@@ -33,7 +33,7 @@ def main() -> None:
 
     from repro.recipes import load_recipe
     from repro.rollout.embedded import EmbeddedEngine
-    from repro.rollout.tiny_qwen3_moe import BOS_ID, EOS_ID, PAD_ID, build_tiny_qwen3_moe
+    from repro.model.tiny_qwen3_moe import BOS_ID, EOS_ID, PAD_ID, build_tiny_qwen3_moe
     from repro.rollout.types import SamplingParams
     from repro.rollout.vllm_engine import VLLMEngine
 

@@ -43,7 +43,7 @@ def step_repro_check(out: Path) -> dict:
 def step_gpu_numerics() -> dict:
     import torch
 
-    from repro.cluster.checks import fp8_format_for
+    from repro.cluster.readiness import fp8_format_for
     from repro.fp8.quant import quantize_block
     from repro.model.tiny import BOS_TOKEN_ID, build_tiny_model
 

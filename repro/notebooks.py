@@ -304,10 +304,10 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
 def ensure_model(recipe: str, overrides: Iterable[str] = ()) -> str:
     """The warm-started tiny checkpoint the recipe runs from, regenerated if missing (`make repro`'s first step)."""
     from repro.recipes import load_recipe
-    from repro.run_setup import resolve_model_dir
+    from repro.run.run_dir import resolve_model_dir
 
     return str(resolve_model_dir(load_recipe(recipe, list(overrides))))
 
 
-# The run helpers notebooks 02/03 call live in repro.notebook_runs; re-exported so notebooks import one module.
-from repro.notebook_runs import LivePlot, run_recipe, train_rows  # noqa: E402,F401
+# The run helpers notebooks 02/03 call live in repro.run.notebook_runs; re-exported so notebooks import one module.
+from repro.run.notebook_runs import LivePlot, run_recipe, train_rows  # noqa: E402,F401

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 import repro
-from repro.cluster import checks as C
-from repro.cluster.checks import FAIL, PASS, SKIP, WARN, Facts, NodeFacts
+from repro.cluster import readiness as C
+from repro.cluster.readiness import FAIL, PASS, SKIP, WARN, Facts, NodeFacts
 from repro.cluster.pins import cluster_pins, project_pin
 from repro.recipes import load_recipe
 
@@ -163,7 +163,7 @@ def test_rdma_and_rccl_variables():
 
 
 def test_disk_for_checkpoints():
-    from repro.run_setup import checkpoint_bytes
+    from repro.run.run_dir import checkpoint_bytes
 
     need = checkpoint_bytes(AMD) * 3  # keep_last 2 + 1 being written: 284e9 x 14 B x 3 = 11.9 TB
     assert need == 284_000_000_000 * 14 * 3

@@ -197,7 +197,7 @@ class TestLocalTinyInstance:
             assert not ray.is_initialized()
 
     def test_an_actor_in_each_bundle_answers(self, tiny_placed):
-        from repro.cluster.actors import call, start_worker, stop_workers, where
+        from repro.groups.ray_actors import call, start_worker, stop_workers, where
 
         workers = [start_worker(tiny_placed, g, 0, Echo, args=(g,)) for g in (TRAINER, ROLLOUT)]
         try:
@@ -211,7 +211,7 @@ class TestLocalTinyInstance:
     def test_a_killed_worker_raises_an_error_naming_it(self, tiny_placed):
         import ray
 
-        from repro.cluster.actors import WorkerDiedError, call, start_worker
+        from repro.groups.ray_actors import WorkerDiedError, call, start_worker
 
         worker = start_worker(tiny_placed, ROLLOUT, 0, "collections:Counter", kwargs={"a": 1})
         assert call(worker, "total", timeout_s=60) == 1  # a "module:attr" factory resolves in the worker

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.errors import RecipeError
 from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, require_paths, validate_recipe
 

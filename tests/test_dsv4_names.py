@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from repro.model.tiny import build_tiny_model
-from repro.train.dsv4_names import (
+from repro.train.megatron.dsv4_names import (
     NameMappingError,
     hf_state_to_megatron,
     hf_to_megatron,

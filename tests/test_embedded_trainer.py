@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from repro.config import AlgorithmConfig, OptimConfig
+from repro.recipes.schema import AlgorithmConfig, OptimConfig
 from repro.model.tiny import build_tiny_model
 from repro.recipes import load_recipe
 from repro.train.base import TrainerError

@@ -9,7 +9,7 @@ from safetensors import safe_open
 from repro.fp8.convert import ConvertOptions, convert_checkpoint
 from repro.fp8.quant import dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block
 from repro.fp8.stream import fn_to_fnuz_tensors
-from repro.fp8.tiny import build_tiny_checkpoint
+from repro.model.tiny import build_tiny_checkpoint
 
 
 def vllm_normalize_e4m3fn_to_e4m3fnuz(weight, weight_scale, input_scale=None):

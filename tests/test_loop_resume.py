@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from repro.loop import train
-from repro.metrics_log import MetricsLog
+from repro.run.loop import train
+from repro.run.metrics_log import MetricsLog
 from repro.recipes import load_recipe
-from repro.run_setup import open_run
+from repro.run.run_dir import open_run
 
 SMALL = [
     "steps=4", "algorithm.prompts_per_step=8", "eval.every_steps=2", "checkpoint.every_steps=2",
@@ -65,7 +65,7 @@ def test_uninterrupted_run_logs_every_step_and_eval(uninterrupted):
 def test_resume_after_a_crash_mid_step_matches_the_uninterrupted_run(uninterrupted, tmp_path, monkeypatch):
     recipe = load_recipe("tiny-cpu", SMALL)
     run = open_run(recipe, tmp_path)
-    import repro.loop as loop
+    import repro.run.loop as loop
 
     real_sync = loop.sync_weights
 

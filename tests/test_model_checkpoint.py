@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from repro.model.checkpoint import CheckpointError, check_safetensors_only, load_checkpoint, save_checkpoint
+from repro.model.hf_folder import CheckpointError, check_safetensors_only, load_checkpoint, save_checkpoint
 from repro.model.tiny import build_tiny_model
 from repro.model.tokenizer import build_tiny_tokenizer
 

@@ -6,12 +6,12 @@ import random
 import pytest
 import torch
 
-from repro.checkpoint import driver_rng_state, latest_checkpoint, list_checkpoints, restore_driver_rng, save_checkpoint
+from repro.run.checkpoints import driver_rng_state, latest_checkpoint, list_checkpoints, restore_driver_rng, save_checkpoint
 from repro.data.sampler import PromptSampler
 from repro.errors import ReproError
-from repro.metrics_log import MetricsLog
+from repro.run.metrics_log import MetricsLog
 from repro.recipes import load_recipe
-from repro.run_setup import checkpoint_bytes, prepare_run_dir
+from repro.run.run_dir import checkpoint_bytes, prepare_run_dir
 
 
 def test_sampler_epochs_and_resume():

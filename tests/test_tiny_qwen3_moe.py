@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from repro.cli import main
-from repro.model.checkpoint import load_checkpoint
+from repro.model.hf_folder import load_checkpoint
 from repro.rollout.embedded import EmbeddedEngine
 from repro.rollout.types import SamplingParams
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from repro.algos import logprobs_from_logits
-from repro.config import AlgorithmConfig, OptimConfig, RolloutCorrectionConfig
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, RolloutCorrectionConfig
 from repro.model.routing import RoutingRecorder, topk_routers
 from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE, build_tiny_model
 from repro.rollout.types import FinishReason, Trajectory

@@ -7,7 +7,7 @@ metrics             rollout_corr/* mismatch metrics, verl's keys
 logits              log-probs and entropy under the sampling temperature
 """
 
-from repro.algos._checks import AlgoShapeError
+from repro.algos.shapes import AlgoShapeError
 from repro.algos.advantages import GroupAdvantages, broadcast_to_tokens, grpo_advantages
 from repro.algos.logits import entropy_from_logits, logprobs_from_logits
 from repro.algos.metrics import rollout_corr_metrics

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from repro.algos._checks import AlgoShapeError, as_float_mask, require_rank
+from repro.algos.shapes import AlgoShapeError, as_float_mask, require_rank
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from repro.algos._checks import AlgoShapeError, require_rank
+from repro.algos.shapes import AlgoShapeError, require_rank
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from repro.algos._checks import AlgoShapeError, as_float_mask, require_rank, require_same_shape
+from repro.algos.shapes import AlgoShapeError, as_float_mask, require_rank, require_same_shape
 from repro.algos.rollout_correction import ROLLOUT_IS_MODES, SAFETY_BOUND, RolloutISMode
 
 PREFIX = "rollout_corr/"

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from repro.algos._checks import AlgoShapeError, as_float_mask, require_rank, require_same_shape
+from repro.algos.shapes import AlgoShapeError, as_float_mask, require_rank, require_same_shape
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = LossAggMode.__args__  # type: ignore[attr-defined]

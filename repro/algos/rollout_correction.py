@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from repro.algos._checks import AlgoShapeError, as_float_mask, require_rank, require_same_shape
+from repro.algos.shapes import AlgoShapeError, as_float_mask, require_rank, require_same_shape
 
 RolloutISMode = Literal["token", "sequence", "token_mask", "sequence_mask", "none"]
 ROLLOUT_IS_MODES: tuple[str, ...] = RolloutISMode.__args__  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """A run's metrics as two pandas frames (train rows by step, eval rows by step) plus its recipe.
 
-Column names are our own log keys (see repro/steps.py: ``reward/accuracy``, ``rollout_corr/kl``,
+Column names are our own log keys (see repro/run/steps.py: ``reward/accuracy``, ``rollout_corr/kl``,
 ``timing_s/step``, ``eval/avg@8`` ...); the importers map W&B and verl/LumenRL exports onto the same names, so
 every summary, comparison and figure reads one vocabulary.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.errors import ReproError
 
 METRICS_FILE = "metrics.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from repro.metrics_log import MetricsLog
+from repro.run.metrics_log import MetricsLog
 from repro.recipes import dump_recipe, load_recipe
 
 

@@ -1,4 +1,4 @@
-"""Gather the facts ``repro.cluster.checks`` judges: Ray, torch's accelerator, versions, RDMA, env, disks.
+"""Gather the facts ``repro.cluster.readiness`` judges: Ray, torch's accelerator, versions, RDMA, env, disks.
 
 Every probe degrades gracefully: a missing tool (rocminfo, amd-smi, ibv_devices), package (vLLM,
 megatron-core) or file leaves its fact at None/empty and the check says what could not be read. Nothing
@@ -18,10 +18,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.checks import NCCL_VARS, Facts, NodeFacts
+from repro.cluster.readiness import NCCL_VARS, Facts, NodeFacts
 
 if TYPE_CHECKING:
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 TOOL_TIMEOUT_S = 20
 ROCM_VERSION_FILES = ("/opt/rocm/.info/version", "/opt/rocm/.info/version-dev")

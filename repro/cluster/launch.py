@@ -25,7 +25,7 @@ from repro.cluster import ClusterError
 from repro.cluster.placement import ROLLOUT, TRAINER, PlacementPlan, PlacementRow
 
 if TYPE_CHECKING:
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 # What the workers import besides this package (the cluster image must have them; `make test-megatron` and
 # `make test-vllm` build CPU environments with the pinned versions).

@@ -31,7 +31,7 @@ from repro.cluster import ClusterError
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 TRAINER, ROLLOUT = "trainer", "rollout"
 NODE_ID_LABEL = "ray.io/node-id"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from repro.cluster import ClusterError
 
 if TYPE_CHECKING:
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 # Environment of a local instance we start; setdefault, so the user's explicit choice wins.
 LOCAL_INSTANCE_ENV = {

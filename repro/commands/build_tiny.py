@@ -19,11 +19,11 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save is noise in a CLI log
     if args.arch == "qwen3-moe":
-        from repro.rollout.tiny_qwen3_moe import build_tiny_math_qwen3_moe
+        from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe
 
         print(f"wrote {build_tiny_math_qwen3_moe(args.out, seed=args.seed)} (tiny Qwen3-MoE, seed {args.seed})")
         return 0
-    from repro.model.checkpoint import save_checkpoint
+    from repro.model.hf_folder import save_checkpoint
     from repro.model.tiny import build_tiny_model, parameter_count
     from repro.model.tokenizer import build_tiny_tokenizer
 

@@ -20,7 +20,7 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from repro.cluster.checks import check_cluster, failed, format_table, summary_line, write_json
+    from repro.cluster.readiness import check_cluster, failed, format_table, summary_line, write_json
 
     recipe = load_recipe(args.recipe, args.overrides)
     results = check_cluster(recipe, args.run_dir, start_local_ray=args.start_ray)

@@ -38,8 +38,8 @@ def progress_bar(total_steps: int, start_step: int):
 
 def execute(args) -> Path:
     """Open (or resume) the run, train, write the parquet copy; returns the run directory."""
-    from repro.loop import train
-    from repro.run_setup import local_groups, open_run
+    from repro.run.loop import train
+    from repro.run.run_dir import local_groups, open_run
 
     overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps else [])
     recipe = load_recipe(args.recipe, overrides)
@@ -47,7 +47,7 @@ def execute(args) -> Path:
     if args.in_process:
         groups, cluster = local_groups, None
     else:
-        from repro.cluster.groups import RayGroups
+        from repro.groups.ray_groups import RayGroups
 
         cluster = RayGroups(recipe, run_dir)
         groups = cluster.make_groups

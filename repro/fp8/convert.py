@@ -33,7 +33,7 @@ import repro
 from repro.errors import CheckpointError
 from repro.fp8.inputs import CONFIG, FN_TO_FNUZ, INDEX, QUANTISE, ShardPlan, plan_shards, read_config
 from repro.fp8.quant import BLOCK_SIZE, FP8Format, get_format
-from repro.fp8.st import StreamingWriter, file_crc32, read_tensor
+from repro.fp8.safetensors_io import StreamingWriter, file_crc32, read_tensor
 from repro.fp8.stream import fn_to_fnuz_tensors, quantize_tensors
 from repro.fp8.verify import TensorStats, stats_table, summarise
 

@@ -15,7 +15,7 @@ import torch
 from repro.errors import CheckpointError
 from repro.fp8.quant import BLOCK_SIZE, FP8Format
 from repro.fp8.rules import decide
-from repro.fp8.st import TensorInfo, read_header
+from repro.fp8.safetensors_io import TensorInfo, read_header
 from repro.fp8.stream import check_input_dtype, planned_outputs
 
 CONFIG = "config.json"

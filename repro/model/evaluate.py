@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from repro.data.tinymath import TINY_PROMPT_TEMPLATE, Arithmetic
-from repro.model.checkpoint import MAX_NEW_TOKENS
+from repro.model.hf_folder import MAX_NEW_TOKENS
 from repro.reward import score_response
 
 ROLLOUT_TEMPERATURE = 0.8

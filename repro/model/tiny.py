@@ -101,3 +101,20 @@ def build_tiny_model(seed: int = 0, **overrides) -> DeepseekV4ForCausalLM:
 def parameter_count(model: torch.nn.Module) -> int:
     """Number of trainable parameters (buffers such as ``tid2eid`` are not counted)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def build_tiny_checkpoint(out_dir, seed: int = 0, max_shard_size: str | int = "1MB"):
+    """The seeded tiny DeepSeek-V4 saved in bfloat16 (HF layout, several shards with an index) with its tokenizer:
+    the default input of notebook 01 and of the FP8 tests. Several of its projections are 64 wide, so the FP8
+    edge-block path (shapes that are not multiples of 128) is exercised on real tensors."""
+    from pathlib import Path
+
+    from transformers.utils import logging as hf_logging
+
+    from repro.model.tokenizer import build_tiny_tokenizer
+
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir)
+    build_tiny_model(seed).to(torch.bfloat16).save_pretrained(out_dir, max_shard_size=max_shard_size)
+    build_tiny_tokenizer().save_pretrained(out_dir)
+    return out_dir

@@ -12,7 +12,7 @@ import transformers
 
 from repro.data.tinymath import held_out_problems, train_problems
 from repro.model.assets import record_hashes
-from repro.model.checkpoint import save_checkpoint
+from repro.model.hf_folder import save_checkpoint
 from repro.model.evaluate import ROLLOUT_TEMPERATURE, SAMPLES_PER_PROBLEM, sampled_accuracy
 from repro.model.tiny import parameter_count
 from repro.model.warmstart import WarmStartConfig, config_dict, warm_start

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from repro import PACKAGE_DIR
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.errors import RecipeError
 
 RECIPE_DIR = Path(__file__).resolve().parent

@@ -49,7 +49,7 @@ from typing import Any, Iterable
 
 import torch
 
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.errors import ReproError
 from repro.rollout.embedded import RolloutError
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory

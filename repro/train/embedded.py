@@ -31,13 +31,13 @@ from repro.algos import (
     ppo_clip_loss,
     rollout_is_weights,
 )
-from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.model.routing import RoutingReplay, topk_routers
 from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches
-from repro.train.checks import check_batch
+from repro.train.batch_checks import check_batch
 from repro.train.optimizer import MasterAdamW, warmup_constant_lr
-from repro.train import state as saved_state
+from repro.train import trainer_state as saved_state
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -117,7 +117,7 @@ class EmbeddedTrainer:
     ):
         torch.manual_seed(seed)
         if isinstance(model, (str, Path)):
-            from repro.model.checkpoint import load_tiny_model
+            from repro.model.hf_folder import load_tiny_model
 
             model = load_tiny_model(model)
         self._setup(model, topk_routers, "embedded", optim=optim, algorithm=algorithm,
@@ -327,7 +327,7 @@ class EmbeddedTrainer:
             yield name, tensor.clone()
 
     def save(self, directory: str | Path) -> Path:
-        """Write the full training state to ``directory`` (replaced atomically); see ``repro.train.state``."""
+        """Write the full training state to ``directory`` (replaced atomically); see ``repro.train.trainer_state``."""
         return saved_state.save_trainer(self, directory)
 
     def load(self, directory: str | Path) -> None:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from repro.config import OptimConfig
+from repro.recipes.schema import OptimConfig
 
 
 def warmup_constant_lr(optim: OptimConfig, update_index: int) -> float:

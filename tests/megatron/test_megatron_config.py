@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from repro.recipes import load_recipe
-from repro.train.megatron_layout import megatron_layout
+from repro.train.megatron.config import megatron_layout
 
 
 def test_amd_recipe_maps_to_tp4_pp4_ep4_etp1_sp_full_recompute_distributed_offloaded_optimizer():

@@ -36,18 +36,18 @@ from test_trainer_contract import (  # noqa: E402,F401  (collected here with the
 )
 
 from repro.algos import logprobs_from_logits  # noqa: E402
-from repro.config import AlgorithmConfig, OptimConfig, RolloutCorrectionConfig  # noqa: E402
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, RolloutCorrectionConfig  # noqa: E402
 from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE  # noqa: E402
 from repro.rollout.types import FinishReason, Trajectory  # noqa: E402
 from repro.train.batch import TrainBatch, build_batch  # noqa: E402
-from repro.train.megatron_backend import (  # noqa: E402
+from repro.train.megatron.trainer import (  # noqa: E402
     MegatronTrainer,
     load_weights,
     moe_routers,
     record_routing,
     weight_state,
 )
-from repro.train.megatron_tiny import build_tiny_gpt_moe  # noqa: E402
+from repro.train.megatron.tiny import build_tiny_gpt_moe  # noqa: E402
 
 TEMPERATURE = contract.TEMPERATURE
 

@@ -14,10 +14,10 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed here
 
 import torch  # noqa: E402
 
-from repro.model.checkpoint import load_tiny_model  # noqa: E402
+from repro.model.hf_folder import load_tiny_model  # noqa: E402
 from repro.recipes import load_recipe  # noqa: E402
-from repro.rollout.tiny_qwen3_moe import build_tiny_math_qwen3_moe  # noqa: E402
-from repro.train.megatron_backend import MegatronTrainer, forward_logits, record_routing  # noqa: E402
+from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe  # noqa: E402
+from repro.train.megatron.trainer import MegatronTrainer, forward_logits, record_routing  # noqa: E402
 from test_megatron_contract import one_thread  # noqa: E402,F401
 
 
@@ -27,7 +27,7 @@ def qwen3_dir(tmp_path_factory):
 
 
 def megatron_recipe(model_dir, *extra):
-    return load_recipe("tiny-cpu", ["actor.backend=megatron", "actor.model_provider=repro.train.megatron_qwen3:provider",
+    return load_recipe("tiny-cpu", ["actor.backend=megatron", "actor.model_provider=repro.train.megatron.qwen3:provider",
                                     f"model.path={model_dir}", *extra])
 
 
@@ -62,7 +62,7 @@ def _launch(run_dir, model_dir, steps, *extra):
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sets = ["actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
-            "actor.model_provider=repro.train.megatron_qwen3:provider", f"model.path={model_dir}",
+            "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
             "eval.at_start=false", "eval.samples_per_problem=1", "checkpoint.every_steps=1"]
     args = ["launch", "--recipe", "tiny-cpu", "--steps", str(steps), "--run-dir", str(run_dir), "--quiet", *extra]
     for item in sets:

@@ -1,4 +1,4 @@
-"""Several Megatron trainer ranks on a real local Ray instance, joined into one gloo world by repro.cluster.ranks:
+"""Several Megatron trainer ranks on a real local Ray instance, joined into one gloo world by repro.groups.ray_ranks:
 split TP 2, EP 2, PP 2 (1F1B with full recompute) or DP 2, the trainer scores, updates and exports exactly what
 the same model does in one process -- the split is invisible in every number but float rounding."""
 
@@ -13,7 +13,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed here
 import torch  # noqa: E402
 
 from repro.recipes import load_recipe  # noqa: E402
-from repro.train.megatron_backend import MegatronTrainer  # noqa: E402
+from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
 from test_megatron_contract import make_megatron_batch, one_thread  # noqa: E402,F401
 
 LAYOUTS = {
@@ -22,7 +22,7 @@ LAYOUTS = {
     "pp2_recompute": ["actor.pipeline_parallel=2", "actor.recompute=full"],
     "dp2": [],
 }
-BASE = ["actor.backend=megatron", "actor.model_provider=repro.train.megatron_tiny:provider",
+BASE = ["actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider",
         "actor.max_tokens_per_micro_batch=40", "optim.lr=0.001", "optim.grad_clip=0.05", "seed=3"]
 
 
@@ -58,13 +58,13 @@ def reference():
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, reference):
     from repro.cluster.placement import TRAINER, create_placement_groups, plan_placement
-    from repro.cluster.ranks import start_ranks
+    from repro.groups.ray_ranks import start_ranks
 
     batch, before, metrics, weights, after = reference
     recipe = recipe_for(LAYOUTS[layout], 2)
     placed = create_placement_groups(plan_placement(recipe), timeout_s=60)
     try:
-        group = start_ranks(placed, TRAINER, "repro.workers:TrainerWorker", (recipe.model_dump(mode="json"), ""),
+        group = start_ranks(placed, TRAINER, "repro.groups.workers:TrainerWorker", (recipe.model_dump(mode="json"), ""),
                             per_node=2, env={"OMP_NUM_THREADS": "1"})
         lp = group.call("logprobs", batch, True, timeout_s=300)
         torch.testing.assert_close(lp.logprobs, before, atol=2e-5, rtol=0)

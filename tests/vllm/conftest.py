@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    from repro.rollout.tiny_qwen3_moe import build_tiny_qwen3_moe
+    from repro.model.tiny_qwen3_moe import build_tiny_qwen3_moe
 
     return build_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny-qwen3-moe"), seed=0)
 
@@ -45,7 +45,7 @@ def recipe():
 def engine(model_dir, recipe):
     """One vLLM engine for the whole lane (a start costs ~20-90 s on 2 loaded cores)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from repro.rollout.tiny_qwen3_moe import EOS_ID
+    from repro.model.tiny_qwen3_moe import EOS_ID
     from repro.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine.from_recipe(recipe, model_dir, eos_id=EOS_ID)

@@ -5,7 +5,7 @@ import collections
 import pytest
 import torch
 
-from repro.rollout.tiny_qwen3_moe import BOS_ID, EOS_ID, checkpoint_tensors
+from repro.model.tiny_qwen3_moe import BOS_ID, EOS_ID, checkpoint_tensors
 from repro.rollout.types import FinishReason, SamplingParams
 
 PROMPTS = [[BOS_ID, 5, 10, 15, 4, 8, 17], [BOS_ID, 6, 6, 16, 4, 4, 17, 9, 9, 30], [BOS_ID, 7, 17]]

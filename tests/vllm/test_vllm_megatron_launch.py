@@ -14,13 +14,13 @@ import pytest
 def test_launch_runs_megatron_ranks_with_the_vllm_rollout(tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed in this venv (`make test-vllm` adds it)")
     from repro.cli import main
-    from repro.rollout.tiny_qwen3_moe import build_tiny_math_qwen3_moe
+    from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     model_dir = build_tiny_math_qwen3_moe(tmp_path / "model", seed=0)
     run_dir = tmp_path / "run"
     sets = ["actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
-            "actor.model_provider=repro.train.megatron_qwen3:provider", f"model.path={model_dir}",
+            "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
             "rollout.backend=vllm", "eval.at_start=false", "eval.samples_per_problem=1"]
     args = ["launch", "--recipe", "tiny-cpu", "--steps", "2", "--run-dir", str(run_dir), "--quiet"]
     for item in sets:

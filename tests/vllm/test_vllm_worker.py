@@ -2,14 +2,14 @@
 
 import torch
 
-from repro.rollout.tiny_qwen3_moe import BOS_ID, checkpoint_tensors
+from repro.model.tiny_qwen3_moe import BOS_ID, checkpoint_tensors
 from repro.rollout.types import SamplingParams
 from repro.sync import make_buckets
 
 
 def test_rollout_worker_serves_vllm_and_applies_buckets(model_dir, recipe):
     from repro.rollout.vllm_engine import VLLMEngine
-    from repro.workers import RolloutWorker
+    from repro.groups.workers import RolloutWorker
 
     worker = RolloutWorker(recipe.model_dump(), model_dir)  # a resolved-recipe dict, as Ray actors get it
     try:

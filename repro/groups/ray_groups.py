@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from repro.checkpoint import latest_checkpoint
-from repro.cluster.actors import WorkerDiedError, start_worker
+from repro.run.checkpoints import latest_checkpoint
+from repro.groups.ray_actors import WorkerDiedError, start_worker
 from repro.cluster.placement import (
     ROLLOUT, TRAINER, create_placement_groups, format_placement_table, placement_table, plan_placement,
 )
-from repro.cluster.ranks import RankGroup, start_ranks
+from repro.groups.ray_ranks import RankGroup, start_ranks
 from repro.cluster.runtime import ensure_ray, shutdown_ray
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.errors import ReproError
 
 
@@ -61,12 +61,12 @@ class RayGroups:
         # one thread per worker: each holds one CPU bundle, and oversubscribed small matmuls crawl
         env = {"OMP_NUM_THREADS": "1"} if recipe.cluster.gpus_per_node == 0 else None
         if recipe.actor.backend == "megatron":
-            trainer = start_ranks(self.placed, TRAINER, "repro.workers:TrainerWorker", (spec, str(model_dir)),
+            trainer = start_ranks(self.placed, TRAINER, "repro.groups.workers:TrainerWorker", (spec, str(model_dir)),
                                   per_node=recipe.actor.num_workers // recipe.actor.nodes, env=env)
         else:
-            trainer = RankGroup([start_worker(self.placed, TRAINER, 0, "repro.workers:TrainerWorker",
+            trainer = RankGroup([start_worker(self.placed, TRAINER, 0, "repro.groups.workers:TrainerWorker",
                                               (spec, str(model_dir)), env=env)], name="trainer worker 0")
-        rollout = RankGroup([start_worker(self.placed, ROLLOUT, 0, "repro.workers:RolloutWorker",
+        rollout = RankGroup([start_worker(self.placed, ROLLOUT, 0, "repro.groups.workers:RolloutWorker",
                                           (spec, str(model_dir)), env=env)], name="rollout worker 0")
         return RayGroup(trainer, run_dir), RayGroup(rollout, run_dir)
 

@@ -180,7 +180,7 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        from repro.recipe_checks import check_consistency
+        from repro.recipes.consistency import check_consistency
 
         check_consistency(self)
         return self

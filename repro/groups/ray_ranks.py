@@ -2,7 +2,7 @@
 
 Rendezvous: rank 0's bundle is asked (a zero-CPU task scheduled into it) for its node address and a free port;
 every rank then starts with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its environment, which
-is what ``torch.distributed.init_process_group`` (and ``repro.train.megatron_parallel.init_distributed_from_env``)
+is what ``torch.distributed.init_process_group`` (and ``repro.train.megatron.parallel.init_distributed_from_env``)
 reads. All constructors run at once, so the process group forms while the actors start.
 
 Calls go to every rank (SPMD: a Megatron step is a collective) and return rank 0's answer; the ranks compute
@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from repro.cluster.actors import WorkerDiedError, WorkerHandle, start_worker
+from repro.groups.ray_actors import WorkerDiedError, WorkerHandle, start_worker
 from repro.cluster.placement import TRAINER, PlacedGroups
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.config import DatasetConfig
+from repro.recipes.schema import DatasetConfig
 from repro.data.loaders import load_aime2024, load_dapo_math, load_problems
 from repro.data.records import DAPO_PROMPT_TEMPLATE, MathProblem, render_messages, render_prompt
 from repro.data.tinymath import TINY_PROMPT_TEMPLATE, write_tiny_math

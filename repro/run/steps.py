@@ -1,4 +1,4 @@
-"""The named calls of one RL step (repro/loop.py reads as a list of them). Each takes the ``Run``."""
+"""The named calls of one RL step (repro/run/loop.py reads as a list of them). Each takes the ``Run``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from repro.algos import grpo_advantages, rollout_corr_metrics
-from repro.checkpoint import driver_rng_state, save_checkpoint
+from repro.run.checkpoints import driver_rng_state, save_checkpoint
 from repro.reward import RewardResult, accuracy, mean_score, score_response
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams
-from repro.run_state import Run
+from repro.run.state import Run
 from repro.sync import SyncStats
 from repro.train.batch import TrainBatch, build_batch
 

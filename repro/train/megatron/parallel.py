@@ -44,7 +44,7 @@ def ensure_model_parallel(parallel_state_kwargs: dict[str, int]) -> None:
     from megatron.core import parallel_state
 
     if not torch.cuda.is_available():
-        from repro.train.megatron_shim import install_cpu_shim
+        from repro.train.megatron.cpu_shim import install_cpu_shim
 
         install_cpu_shim()
     elif not dist.is_initialized():

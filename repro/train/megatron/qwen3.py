@@ -136,11 +136,11 @@ def provider(recipe):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from repro.model.checkpoint import check_safetensors_only, load_tiny_model
+    from repro.model.hf_folder import check_safetensors_only, load_tiny_model
     from repro.recipes import resolve_path
-    from repro.train.megatron_layout import megatron_layout
-    from repro.train.megatron_parallel import load_full_weights
-    from repro.train.megatron_tiny import _seed_rng_tracker, live_parallel_config, tiny_transformer_config
+    from repro.train.megatron.config import megatron_layout
+    from repro.train.megatron.parallel import load_full_weights
+    from repro.train.megatron.tiny import _seed_rng_tracker, live_parallel_config, tiny_transformer_config
 
     model_dir = check_safetensors_only(resolve_path(recipe.model.path))
     hf = read_hf_config(model_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.sync import Bucket, SyncStats, apply_buckets, make_buckets
 
@@ -20,13 +20,13 @@ def _recipe(recipe: Recipe | dict) -> Recipe:
 
 class TrainerWorker:
     """One trainer process: the embedded trainer, or one rank of a Megatron world (its rendezvous environment
-    set by ``repro.cluster.ranks``; the model from ``actor.model_provider``, so ``model_dir`` is unused there)."""
+    set by ``repro.groups.ray_ranks``; the model from ``actor.model_provider``, so ``model_dir`` is unused there)."""
 
     def __init__(self, recipe: Recipe | dict, model_dir: str | Path):
         recipe = _recipe(recipe)
         if recipe.actor.backend == "megatron":  # needs megatron-core (`make test-megatron` builds .venv-megatron)
-            from repro.train.megatron_backend import MegatronTrainer
-            from repro.train.megatron_parallel import init_distributed_from_env
+            from repro.train.megatron.trainer import MegatronTrainer
+            from repro.train.megatron.parallel import init_distributed_from_env
 
             if recipe.actor.num_workers > 1:
                 init_distributed_from_env()
@@ -66,7 +66,7 @@ class RolloutWorker:
             eos_id = AutoTokenizer.from_pretrained(model_dir).eos_token_id
             self.engine = VLLMEngine.from_recipe(recipe, model_dir, eos_id=eos_id)
             return
-        from repro.model.checkpoint import load_checkpoint
+        from repro.model.hf_folder import load_checkpoint
         from repro.rollout.embedded import EmbeddedEngine
         from repro.rollout.fp8_view import weight_view_for
 

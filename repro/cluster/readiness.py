@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from repro.cluster.pins import cluster_pins
 
 if TYPE_CHECKING:
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 CPU_MODE_SKIP = "CPU mode: the tiny recipe needs no accelerator"
@@ -336,7 +336,7 @@ def check_nccl_env(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 
 def check_disk(recipe: "Recipe", facts: Facts) -> CheckResult:
-    from repro.run_setup import checkpoint_bytes
+    from repro.run.run_dir import checkpoint_bytes
 
     each = checkpoint_bytes(recipe)
     need = each * (recipe.checkpoint.keep_last + 1)
@@ -361,7 +361,7 @@ def optimizer_bytes_per_node(recipe: "Recipe") -> int:
 
 def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        from repro.run_setup import checkpoint_bytes
+        from repro.run.run_dir import checkpoint_bytes
 
         need, what = checkpoint_bytes(recipe), "the trainer's weights and optimizer state in host RAM (CPU mode)"
     elif recipe.actor.optimizer_cpu_offload:
@@ -425,5 +425,5 @@ def check_cluster(recipe: "Recipe", run_dir: str | os.PathLike | None = None,
     return run_checks(recipe, gather_facts(recipe, run_dir, start_local_ray=start_local_ray))
 
 
-# How results are shown and saved lives in repro.cluster.check_report; re-exported for `checks.summary_line` etc.
-from repro.cluster.check_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: E402,F401
+# How results are shown and saved lives in repro.cluster.readiness_report; re-exported for `checks.summary_line` etc.
+from repro.cluster.readiness_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: E402,F401

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 
 def layout_problems(recipe: "Recipe") -> list[str]:

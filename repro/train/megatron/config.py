@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 
 
 def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:

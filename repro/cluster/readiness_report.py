@@ -8,10 +8,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.checks import FAIL, PASS, SKIP, WARN, CheckResult, _kind, cpu_mode
+from repro.cluster.readiness import FAIL, PASS, SKIP, WARN, CheckResult, _kind, cpu_mode
 
 if TYPE_CHECKING:
-    from repro.config import Recipe
+    from repro.recipes.schema import Recipe
 
 
 def failed(results: list[CheckResult]) -> bool:

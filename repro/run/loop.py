@@ -15,8 +15,8 @@ Launch:  repro run --recipe tiny-cpu [--steps N] [--resume] [--run-dir DIR];  re
 
 from __future__ import annotations
 
-from repro.run_state import Run
-from repro.steps import (
+from repro.run.state import Run
+from repro.run.steps import (
     StepClock, evaluate_and_log, generate_rollouts, log_step, make_train_batch, mismatch_metrics,
     rescore_with_replay, save_checkpoint_now, score_rollouts, sync_weights, update_actor,
 )

@@ -14,8 +14,8 @@ Parts:
                                 loss of ``repro.algos``; this class runs it through megatron's forward/backward
                                 schedule (1F1B across pipeline stages), scores a vocabulary split over TP ranks,
                                 reduces gradients over DP and takes the clip norm over all model-parallel ranks
-                                (``repro.train.megatron_parallel``), and exports full weights for the sync.
-  the model                     ``actor.model_provider``: ``repro.train.megatron_tiny:provider`` on CPU (megatron-core
+                                (``repro.train.megatron.parallel``), and exports full weights for the sync.
+  the model                     ``actor.model_provider``: ``repro.train.megatron.tiny:provider`` on CPU (megatron-core
                                 has no DeepSeek-V4 layers); a DSV4 provider on a cluster (docs/megatron-dsv4.md).
 
 R3 on megatron-core 0.16.1: with ``moe_enable_routing_replay`` every ``TopKRouter`` owns a ``RouterReplay``.
@@ -26,7 +26,7 @@ and re-arms a micro-batch's experts when its backward starts, so a full-recomput
 experts even after 1F1B has run later forwards. Megatron routes a ``[seq * batch]`` token order (sequence
 first), so ``[B, T, k]`` tables are transposed.
 
-On CPU ``repro.train.megatron_shim`` patches megatron-core's CUDA assumptions (gloo, any world size) and the
+On CPU ``repro.train.megatron.cpu_shim`` patches megatron-core's CUDA assumptions (gloo, any world size) and the
 optimizer is the project's fp32-master AdamW (``MasterAdamW``, the update Megatron's mixed-precision optimizer
 does) over this rank's shard, clipped by the global norm: megatron-core 0.16.1's optimizers allocate on
 ``device="cuda"`` outright (``FP32Optimizer._scale``, ``MixedPrecisionOptimizer._dummy_overflow_buf``), so they
@@ -42,15 +42,15 @@ from typing import Callable, Iterator
 
 import torch
 
-from repro.config import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
 from repro.train.base import LogprobResult
 from repro.train.batch import micro_batches, padded_to_multiple
-from repro.train.checks import check_batch
+from repro.train.batch_checks import check_batch
 from repro.train.embedded import EmbeddedTrainer, _UpdateStats, recipe_settings
-from repro.train.megatron_layout import megatron_layout
-from repro.train.megatron_parallel import (
+from repro.train.megatron.config import megatron_layout
+from repro.train.megatron.parallel import (
     RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
@@ -167,11 +167,11 @@ class MegatronTrainer(EmbeddedTrainer):
 
     Args:
         model: this rank's megatron-core ``GPTModel`` (its pipeline stage, TP/EP shard) with MoE layers built with
-            ``moe_enable_routing_replay`` (``repro.train.megatron_tiny``; a DSV4 model through
+            ``moe_enable_routing_replay`` (``repro.train.megatron.tiny``; a DSV4 model through
             ``actor.model_provider`` on a cluster).
         parallel_state: ``megatron_layout(recipe)["parallel_state"]``; default all 1 (one CPU process).
         export_names: optional ``dict -> dict`` applied to the full weights ``named_weights`` yields, e.g.
-            ``repro.train.dsv4_names.megatron_state_to_hf`` for a DSV4 model whose rollout wants HF names.
+            ``repro.train.megatron.dsv4_names.megatron_state_to_hf`` for a DSV4 model whose rollout wants HF names.
         The other arguments are the embedded trainer's.
     """
 
@@ -366,13 +366,13 @@ class MegatronTrainer(EmbeddedTrainer):
 
     def save(self, directory: str | Path) -> Path:
         """Weights, fp32 masters (bf16), AdamW state, RNG and counters of this rank (replaced atomically)."""
-        from repro.train.state import save_trainer
+        from repro.train.trainer_state import save_trainer
 
         save_trainer(self, self._rank_dir(directory), backend="megatron", weights=weight_state(self.model), hf_config=False)
         return Path(directory)
 
     def load(self, directory: str | Path) -> None:
-        from repro.train.state import load_trainer
+        from repro.train.trainer_state import load_trainer
 
         load_trainer(self, self._rank_dir(directory), backend="megatron",
                      load_weights=lambda weights, source: load_weights(self.model, weights, source))
@@ -387,7 +387,7 @@ def resolve_model_provider(recipe: Recipe) -> Callable[..., torch.nn.Module]:
     if not name:
         raise TrainerError(
             "actor.model_provider is not set: the Megatron backend needs a 'module:function' that builds this "
-            "rank's model, e.g. repro.train.megatron_tiny:provider on CPU, or a DeepSeek-V4 provider from "
+            "rank's model, e.g. repro.train.megatron.tiny:provider on CPU, or a DeepSeek-V4 provider from "
             "LumenRL's Megatron fork on a cluster (docs/megatron-dsv4.md)"
         )
     module, _, attr = name.partition(":")

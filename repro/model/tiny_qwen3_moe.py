@@ -61,7 +61,7 @@ def build_tiny_math_qwen3_moe(out_dir: str | Path, seed: int = 0) -> Path:
     sync in HF layout)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from repro.model.checkpoint import save_checkpoint
+    from repro.model.hf_folder import save_checkpoint
     from repro.model.tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from repro.train.megatron_parallel import ensure_model_parallel, load_full_weights
+from repro.train.megatron.parallel import ensure_model_parallel, load_full_weights
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def _seed_rng_tracker(seed: int) -> None:
 
         model_parallel_cuda_manual_seed(seed)
     else:
-        from repro.train.megatron_shim import seed_model_parallel_rng
+        from repro.train.megatron.cpu_shim import seed_model_parallel_rng
 
         seed_model_parallel_rng(seed)
 
@@ -125,7 +125,7 @@ def provider(recipe) -> torch.nn.Module:
     """``actor.model_provider`` of the CPU megatron recipes: this rank's tiny GPT/MoE (vocab padded to 32 so
     it divides TP 2 and 4) with the recipe's sequence parallelism and recompute, weights from
     ``seeded_full_tensor(recipe.seed)``."""
-    from repro.train.megatron_layout import megatron_layout
+    from repro.train.megatron.config import megatron_layout
 
     layout = megatron_layout(recipe)["transformer"]
     recipe_fields = ("sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers")

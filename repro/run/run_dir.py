@@ -15,14 +15,14 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from repro.checkpoint import latest_checkpoint, restore_driver_rng
-from repro.config import Recipe
+from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
+from repro.recipes.schema import Recipe
 from repro.data.sampler import PromptSampler
-from repro.data.source import load_dataset, prompt_ids
+from repro.data.recipe_datasets import load_dataset, prompt_ids
 from repro.errors import ReproError
-from repro.metrics_log import MetricsLog
+from repro.run.metrics_log import MetricsLog
 from repro.recipes import dump_recipe, require_paths, resolve_path
-from repro.run_state import Group, LocalGroup, Run
+from repro.run.state import Group, LocalGroup, Run
 
 GroupFactory = Callable[[Recipe, Path, Path], tuple[Group, Group]]
 
@@ -69,14 +69,14 @@ def resolve_model_dir(recipe: Recipe) -> Path:
 
 def local_groups(recipe: Recipe, model_dir: Path, run_dir: Path) -> tuple[Group, Group]:
     """Trainer and rollout in this process (tests; the CLI places them with Ray)."""
-    from repro.workers import RolloutWorker, TrainerWorker
+    from repro.groups.workers import RolloutWorker, TrainerWorker
 
     return LocalGroup(TrainerWorker(recipe, model_dir), "trainer"), LocalGroup(RolloutWorker(recipe, model_dir), "rollout")
 
 
 def open_run(recipe: Recipe, run_dir: str | Path, resume: bool = False, groups: GroupFactory = local_groups) -> Run:
-    from repro.model.checkpoint import load_tiny_tokenizer
-    from repro.steps import sync_weights
+    from repro.model.hf_folder import load_tiny_tokenizer
+    from repro.run.steps import sync_weights
 
     run_dir = Path(run_dir)
     prepare_run_dir(recipe, run_dir, resume)

@@ -24,9 +24,9 @@ def run_recipe(recipe: str, run_dir: str | Path, steps: int | None = None, overr
     """
     import shutil
 
-    from repro.loop import train
+    from repro.run.loop import train
     from repro.recipes import load_recipe
-    from repro.run_setup import local_groups, open_run
+    from repro.run.run_dir import local_groups, open_run
 
     run_dir = Path(run_dir)
     overrides = list(overrides) + ([f"steps={steps}"] if steps else [])
@@ -39,7 +39,7 @@ def run_recipe(recipe: str, run_dir: str | Path, steps: int | None = None, overr
     if in_process:
         groups = local_groups
     else:
-        from repro.cluster.groups import RayGroups
+        from repro.groups.ray_groups import RayGroups
 
         cluster = RayGroups(resolved, run_dir)
         groups = cluster.make_groups

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from repro.config import Recipe
+from repro.recipes.schema import Recipe
 from repro.data.records import MathProblem
 from repro.data.sampler import PromptSampler
-from repro.metrics_log import MetricsLog
+from repro.run.metrics_log import MetricsLog
 
 
 class Group(Protocol):
