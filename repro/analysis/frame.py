@@ -14,22 +14,15 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from repro.recipes.schema import Recipe
 from repro.errors import ReproError
+# The canonical names the analysis reads; anything else in a log is kept as it is.
+from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
+    ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
+)
+from repro.recipes.schema import Recipe
 
 METRICS_FILE = "metrics.jsonl"
 RECIPE_FILE = "recipe.yaml"
-
-# The canonical names the analysis reads; anything else in a log is kept as it is.
-ACCURACY = "reward/accuracy"
-SCORE = "critic/score/mean"
-THROUGHPUT = "perf/rollout_tokens_per_s"
-KL = "rollout_corr/kl"
-ESS = "rollout_corr/rollout_is_eff_sample_size"
-STEP_SECONDS = "timing_s/step"
-EVAL_SECONDS = "timing_s/eval"
-CORRECT_COUNTS = "eval/correct_counts"
-SAMPLES_PER_PROBLEM = "eval/samples_per_problem"
 
 
 class MetricsError(ReproError, ValueError):

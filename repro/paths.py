@@ -1,0 +1,30 @@
+"""Where a path parameter points, whoever started the process.
+
+JupyterLab starts a notebook's kernel in ``notebooks/``; papermill (``make repro``, the tests) and the CLI start
+from the repository root. A default such as ``runs/tiny-cpu`` is written once, in the notebook's parameters
+cell or the command's option, and means the project's ``runs/tiny-cpu`` wherever the process started. A path
+a person typed means what paths mean everywhere else: relative to the working directory they are in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from repro import REPO_DIR
+
+
+def project_path(value: str | os.PathLike) -> Path:
+    """``value`` against the project root (absolute paths and ``~`` are kept as they are)."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else REPO_DIR / path
+
+
+def resolve_parameter(value: str | os.PathLike | None, default: str | os.PathLike | None) -> Path | None:
+    """A path parameter's absolute path: left at its declared ``default`` it is taken from the project root,
+    anything else from the working directory. Empty (``""`` or None) stays None: the caller derives it."""
+    if value is None or str(value) == "":
+        return None
+    if default is not None and str(value) == str(default):
+        return project_path(value)
+    return Path(value).expanduser().absolute()

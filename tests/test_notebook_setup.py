@@ -1,0 +1,39 @@
+"""Notebook parameters: defaults resolve from the project root wherever the kernel starts; a typed path from the
+working directory; parameters a notebook does not declare are refused by name."""
+
+from pathlib import Path
+
+import pytest
+
+import repro
+from repro.notebooks import NotebookError, check_parameters, injected_parameter_names, notebook_setup
+from repro.paths import resolve_parameter
+
+
+def test_a_default_path_resolves_against_the_project_root_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_parameter("runs/tiny-cpu", "runs/tiny-cpu") == repro.REPO_DIR / "runs" / "tiny-cpu"
+    assert resolve_parameter("runs/other", "runs/tiny-cpu") == tmp_path / "runs" / "other"
+    assert resolve_parameter("/abs/x", "runs/tiny-cpu") == Path("/abs/x")
+    assert resolve_parameter("", "") is None
+
+
+def test_papermill_injected_names_are_read_from_the_kernel_history_without_executing_them():
+    history = ["", 'run_dir = "runs/tiny-cpu"\nphase_len = 25', '# Parameters\nstpes = 1\nrun_dir = "x"\n',
+               "import os"]
+    assert injected_parameter_names(history) == ["stpes", "run_dir"]
+
+
+def test_an_undeclared_parameter_is_refused_naming_it_and_the_nearest_declared_one():
+    with pytest.raises(NotebookError, match=r"unknown parameter\(s\) stpes \(did you mean steps\?\)"):
+        check_parameters("02_smoke_run", ["stpes"], ["recipe", "run_dir", "steps"])
+
+
+def test_notebook_setup_resolves_the_declared_defaults_and_refuses_injected_strangers(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(repro.REPO_DIR / "notebooks")  # where JupyterLab starts the kernel
+    params = notebook_setup("10_reward_by_phase", {"In": [""], "run_dir": "runs/tiny-cpu"})
+    assert params.run_dir == repro.REPO_DIR / "runs" / "tiny-cpu"
+    assert params.out_dir is None and params.phase_len == 25
+    assert str(repro.REPO_DIR / "runs" / "tiny-cpu") in capsys.readouterr().out
+    with pytest.raises(NotebookError, match="unknown parameter"):
+        notebook_setup("10_reward_by_phase", {"In": ["# Parameters\nrun_dri = 'x'\n"]})
