@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help). Modules are imported lazily so `repro --help` stays fast.
@@ -49,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except ReproError as err:
         print(f"repro {name}: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`repro recipe tiny-cpu | head`): stop quietly, as cat does; point stdout at
+        # devnull so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 from repro.errors import ReproError  # noqa: E402  (kept below main to show the dispatch first)

@@ -34,7 +34,6 @@ NOTEBOOKS_DIR = repro.REPO_DIR / "notebooks"
 CHAIN = ("00_cluster_check", "01_fp8_conversion", "02_smoke_run", "03_full_run", "10_reward_by_phase",
          "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd")
 RESULTS_SUFFIX = ".results.json"
-SMOKE_STEPS = 3
 
 
 class NotebookError(ReproError):
@@ -304,28 +303,27 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
                      smoke_dir: Path | None = None) -> tuple[dict, Path | None]:
     """(parameters, results_dir) for one notebook of the chain.
 
-    Our notebooks share one vocabulary (recipe, run_dir, out_dir, figures_dir, steps, overrides,
-    in_process). 00/01 are written by others: they get whatever of a common pool their ``parameters`` cell
-    declares (output_dir, fmt ...), so a renamed parameter there is simply not passed.
+    The chain knows one pool of values; each notebook gets the ones its ``parameters`` cell declares (read from
+    the notebook: the cell is the only place a parameter is declared), so a notebook that drops or renames a
+    parameter is simply not passed it. Two notebooks see some values differently: the smoke run (02) writes to
+    its own throwaway directory for 3 steps, and the FP8 notebook (01) writes under ``<run_dir>/fp8``.
     """
     from repro.recipes import load_recipe
+    from repro.run.start import SMOKE_STEPS
 
+    pool = {"recipe": recipe, "run_dir": str(run_dir), "steps": steps or 0, "overrides": overrides,
+            "in_process": in_process, "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}
+    results_dir = None
     if name == "02_smoke_run":
         smoke_dir = Path(smoke_dir or run_dir / "smoke")
         # a separate smoke dir is a throwaway, started afresh; smoke_dir == run_dir makes the full run continue it
-        return {"recipe": recipe, "run_dir": str(smoke_dir), "steps": SMOKE_STEPS, "overrides": overrides,
-                "in_process": in_process, "out_dir": str(notebooks_dir), "fresh": smoke_dir != run_dir}, None
-    if name == "03_full_run":
-        return {"recipe": recipe, "run_dir": str(run_dir), "steps": steps or 0, "overrides": overrides,
-                "in_process": in_process, "out_dir": str(notebooks_dir)}, None
-    if name in ("10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd"):
-        return {"run_dir": str(run_dir), "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}, None
+        pool.update(run_dir=str(smoke_dir), steps=SMOKE_STEPS, fresh=smoke_dir != run_dir)
+    elif name in ("00_cluster_check", "01_fp8_conversion"):
+        results_dir = notebooks_dir if name == "00_cluster_check" else run_dir / "fp8"
+        pool.update(out_dir=str(results_dir), output_dir=str(results_dir),
+                    fmt=load_recipe(recipe, overrides).rollout.fp8_format)
     declared = notebook_parameters(name)
-    resolved = load_recipe(recipe, overrides)
-    own_out = notebooks_dir if name != "01_fp8_conversion" else run_dir / "fp8"
-    pool = {"recipe": recipe, "run_dir": str(run_dir), "output_dir": str(own_out), "out_dir": str(own_out),
-            "fmt": resolved.rollout.fp8_format, "overrides": overrides, "in_process": in_process}
-    return {k: v for k, v in pool.items() if k in declared}, own_out
+    return {k: v for k, v in pool.items() if k in declared}, results_dir
 
 
 def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None = None, *,
@@ -379,6 +377,3 @@ def ensure_model(recipe: str, overrides: Iterable[str] = ()) -> str:
 
     return str(resolve_model_dir(load_recipe(recipe, list(overrides))))
 
-
-# The run helpers notebooks 02/03 call live in repro.run.notebook_runs; re-exported so notebooks import one module.
-from repro.run.notebook_runs import LivePlot, run_recipe, train_rows  # noqa: E402,F401

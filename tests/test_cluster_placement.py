@@ -164,13 +164,21 @@ class TestSimulatedAmdCluster:
 
 # -- (d, e) the tiny recipe on a local instance ------------------------------------------------------------
 class Echo:
-    """A stand-in backend: cheap to build, says where it runs."""
+    """A stand-in worker: cheap to build, says where it runs, and serves generate() like a rollout worker."""
 
     def __init__(self, tag):
         self.tag = tag
 
     def add(self, a, b):
         return f"{self.tag}:{a + b}"
+
+    def where(self):
+        from repro.groups.ray_actors import where_am_i
+
+        return {"tag": self.tag, **where_am_i()}
+
+    def generate(self, prompts, params):
+        raise ValueError(f"{self.tag} cannot generate {len(prompts)} prompts")
 
 
 class TestLocalTinyInstance:
@@ -197,31 +205,34 @@ class TestLocalTinyInstance:
             assert not ray.is_initialized()
 
     def test_an_actor_in_each_bundle_answers(self, tiny_placed):
-        from repro.groups.ray_actors import call, start_worker, stop_workers, where
-
-        workers = [start_worker(tiny_placed, g, 0, Echo, args=(g,)) for g in (TRAINER, ROLLOUT)]
-        try:
-            assert [call(w, "add", 2, 3, timeout_s=60) for w in workers] == ["trainer:5", "rollout:5"]
-            assert [where(w)["name"] for w in workers] == ["trainer worker 0", "rollout worker 0"]
-            with pytest.raises(ClusterError, match="rollout worker 0: backend Echo has no method 'generate'"):
-                call(workers[1], "generate", timeout_s=60)
-        finally:
-            stop_workers(workers)
-
-    def test_a_killed_worker_raises_an_error_naming_it(self, tiny_placed):
         import ray
 
-        from repro.groups.ray_actors import WorkerDiedError, call, start_worker
+        from repro.groups.ray_actors import start_actor, stop_actors
 
-        worker = start_worker(tiny_placed, ROLLOUT, 0, "collections:Counter", kwargs={"a": 1})
-        assert call(worker, "total", timeout_s=60) == 1  # a "module:attr" factory resolves in the worker
-        ray.kill(worker.actor, no_restart=True)
-        _wait_until_dead(worker)  # ray.kill is asynchronous: a call right after it may still be served
+        actors = [start_actor(tiny_placed, g, 0, Echo, (g,)) for g in (TRAINER, ROLLOUT)]
+        try:
+            assert ray.get([a.add.remote(2, 3) for a in actors], timeout=60) == ["trainer:5", "rollout:5"]
+            where = ray.get([a.where.remote() for a in actors], timeout=60)
+            assert [w["tag"] for w in where] == ["trainer", "rollout"] and all(w["pid"] > 0 for w in where)
+        finally:
+            stop_actors(actors)
+
+    def test_a_failing_or_killed_worker_raises_an_error_naming_it_and_the_call(self, tiny_placed):
+        import ray
+
+        from repro.groups.ray_actors import WorkerDiedError, start_actor
+        from repro.groups.ray_groups import RayRolloutGroup
+
+        rollout = RayRolloutGroup(start_actor(tiny_placed, ROLLOUT, 0, Echo, ("rollout",)), timeout_s=60)
+        with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 died during generate: .*rollout cannot generate 1 prompts"):
+            rollout.generate([[1, 2]], None)
+        ray.kill(rollout.actor, no_restart=True)
+        _wait_until_dead(rollout.actor)  # ray.kill is asynchronous: a call right after it may still be served
         with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 died during generate: "):
-            call(worker, "generate", [[1, 2]], timeout_s=60)
+            rollout.generate([[1, 2]], None)
 
 
-def _wait_until_dead(worker, timeout_s: float = 60.0) -> None:
+def _wait_until_dead(actor, timeout_s: float = 60.0) -> None:
     import time
 
     import ray
@@ -229,8 +240,8 @@ def _wait_until_dead(worker, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            ray.get(worker.actor.where.remote(), timeout=5)
+            ray.get(actor.where.remote(), timeout=5)
         except ray.exceptions.RayActorError:
             return
         time.sleep(0.2)
-    raise AssertionError(f"{worker.name} still answers {timeout_s:g} s after ray.kill")
+    raise AssertionError(f"the actor still answers {timeout_s:g} s after ray.kill")

@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from repro.recipes.schema import Recipe
 from repro.errors import RecipeError
-from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, require_paths, validate_recipe
+from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, recipe_file, require_paths, validate_recipe
 
 
 def test_every_committed_recipe_loads():
@@ -93,13 +93,16 @@ def _bad(overrides, base="amd-dsv4-flash-mi308x"):
     return str(err.value)
 
 
+AMD_FILE = recipe_file("amd-dsv4-flash-mi308x")
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [
         ("bogus=1", "bogus: unknown key"),
         ("actor.tensor_paralel=4", "actor.tensor_paralel: unknown key"),
         ("actor.tensor_parallel='4'", "actor.tensor_parallel: Input should be a valid integer (got str '4')"),
-        ("optim.lr=1e-6", "optim.lr: Input should be a valid number (got str '1e-6')"),
+        ("optim.lr=abc", "optim.lr: Input should be a valid number (got str 'abc')"),
         ("routing_replay.enabled=yes please", "routing_replay.enabled: Input should be a valid boolean"),
         ("rollout.fp8_format=e5m2", "rollout.fp8_format: Input should be 'auto', 'e4m3fn' or 'e4m3fnuz'"),
         ("actor.tensor_parallel=3", "actor.num_workers: 16 workers is not TP x PP x DP for TP=3, PP=4 (needs a multiple of 12)"),
@@ -117,8 +120,29 @@ def _bad(overrides, base="amd-dsv4-flash-mi308x"):
 )
 def test_bad_recipe_names_the_field(override, expected):
     message = _bad([override])
-    assert "amd-dsv4-flash-mi308x.yaml: invalid recipe" in message
+    # the override is named as the source; alone when every problem is in the field it set
+    head = message.splitlines()[0]
+    assert head in (f"override {override!r} (on {AMD_FILE}): invalid recipe",
+                    f"{AMD_FILE} with override {override!r}: invalid recipe")
+    fields = {line.strip().split(":")[0] for line in message.splitlines()[1:]}
+    assert head.startswith("override") == (fields == {override.split("=", 1)[0]})
     assert expected in message
+
+
+def test_override_values_read_as_a_person_means_them_and_misspelt_keys_get_the_nearest_names():
+    recipe = load_recipe("tiny-cpu", ["optim.lr=1e-6", "optim.eps=2E-3"], steps=5)
+    assert (recipe.optim.lr, recipe.optim.eps, recipe.steps) == (1e-6, 2e-3, 5)
+    with pytest.raises(RecipeError, match=r"optim.lrr: unknown key \(not in the recipe schema\); did you mean lr\?"):
+        load_recipe("tiny-cpu", ["optim.lrr=1"])
+    with pytest.raises(RecipeError, match=r"^override 'steps=-1' \(on .*tiny-cpu.yaml\): invalid recipe\n  steps: Input should "
+                                          r"be greater than or equal to 1"):
+        load_recipe("tiny-cpu", steps=-1)  # a notebook's `-p steps -1`
+
+
+def test_a_recipe_file_reads_1e_minus_6_as_a_number(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\noptim:\n  lr: 1e-6\n")
+    assert load_recipe(path).optim.lr == 1e-6
 
 
 def test_missing_recipe_and_bad_yaml(tmp_path):

@@ -22,7 +22,6 @@ from repro.cluster.launch import (  # noqa: E402
     missing_backends,
     parallel_sizes,
     trainer_worker_args,
-    vllm_engine_args,
 )
 from repro.recipes import load_recipe  # noqa: E402
 
@@ -68,16 +67,62 @@ def test_layouts_that_do_not_divide_are_named():
         megatron_coords(16, parallel_sizes(16, tp=4, pp=4, ep=4, etp=1))
 
 
-def test_worker_and_engine_arguments_follow_the_recipe():
-    recipe = load_recipe(AMD)
-    args = trainer_worker_args(recipe, master_addr="10.0.0.1")
+def test_worker_arguments_follow_the_recipe():
+    args = trainer_worker_args(load_recipe(AMD), master_addr="10.0.0.1")
     assert [a["local_rank"] for a in args] == list(range(8)) * 2 and [a["trainer_node"] for a in args] == [0] * 8 + [1] * 8
     assert {a["world_size"] for a in args} == {16} and {a["master_addr"] for a in args} == {"10.0.0.1"}
-    assert args[0]["megatron"]["expert_model_parallel_size"] == 4 and args[0]["megatron"]["sequence_parallel"] is True
-    engine = vllm_engine_args(recipe)
-    assert engine["tensor_parallel_size"] == 8 and engine["gpu_memory_utilization"] == 0.90
-    assert (engine["max_model_len"], engine["max_num_seqs"], engine["kv_cache_dtype"]) == (16384, 48, "fp8_e4m3")
-    assert engine["enforce_eager"] is True and engine["quantization"] == "fp8"
+
+
+def printed_sections(text: str) -> dict[str, dict[str, str]]:
+    """The dry run's argument sections as {title: {name: printed repr}}."""
+    sections, title = {}, None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line[:-1]
+            sections[title] = {}
+        elif title and line.startswith("  ") and " = " in line:
+            name, value = line.strip().split(" = ", 1)
+            sections[title][name] = value
+        elif not line.strip():
+            title = None
+    return sections
+
+
+@pytest.mark.parametrize("recipe_name", ["amd-dsv4-flash-mi308x", "tiny-cpu"])
+def test_the_dry_run_prints_exactly_the_arguments_the_workers_are_built_with(recipe_name, monkeypatch):
+    """The printed vLLM and Megatron arguments equal what the engine and the trainer ranks receive: vLLM's LLM
+    is a stand-in class here that records its keyword arguments (vLLM is not installed in this venv), and
+    VLLMEngine.from_recipe is the real constructor path; Megatron's come from megatron_layout, which
+    MegatronTrainer.from_recipe and the model providers call (the Megatron lane builds a trainer from them)."""
+    import sys
+    import types
+
+    from repro.cluster.launch import format_dry_run, unplaced_rows
+    from repro.cluster.placement import plan_placement
+    from repro.rollout import vllm_engine
+    from repro.train.megatron.config import megatron_layout
+
+    on_cluster = ["rollout.backend=vllm", "actor.backend=megatron"] if recipe_name == "tiny-cpu" else []
+    recipe = load_recipe(recipe_name, on_cluster)
+    printed = printed_sections(format_dry_run(recipe, plan_placement(recipe), unplaced_rows(plan_placement(recipe))))
+    for section, values in megatron_layout(recipe).items():
+        assert printed[f"megatron {section}"] == {k: repr(v) for k, v in values.items()}
+
+    built = {}
+
+    class StandInLLM:  # records what the engine passes; generates nothing
+        def __init__(self, **kwargs):
+            built.update(kwargs)
+
+        def collective_rpc(self, name):
+            return [[]]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=StandInLLM))
+    monkeypatch.setattr(vllm_engine, "checkpoint_shapes", lambda model_dir: {})
+    monkeypatch.setattr(vllm_engine, "_checkpoint_dtype", lambda model_dir: None)
+    vllm_engine.VLLMEngine.from_recipe(recipe, recipe.model.path, eos_id=1)
+    assert printed["vllm.LLM"] == {k: repr(v) for k, v in built.items()}
+    assert printed["vllm.LLM"]["model"] == repr(recipe.model.path)
 
 
 def test_launch_without_backends_stops_naming_them(monkeypatch):
@@ -113,10 +158,10 @@ def test_launch_with_backends_but_no_dsv4_model_provider_names_the_field(monkeyp
 def test_dry_run_without_a_cluster_prints_the_unplaced_plan_and_fails(capsys):
     from repro.cluster import ClusterError
 
-    with pytest.raises(ClusterError, match="dry run: the plan above could not be placed: .*could not join the Ray cluster at '127.0.0.1:1'"):
+    with pytest.raises(ClusterError, match="dry run: the plan above could not be placed: .*could not join the Ray cluster at '127.0.0.1:1'") as err:
         _launch(["--recipe", AMD, "--dry-run", "--set", "cluster.ray_address=127.0.0.1:1"])
     out = capsys.readouterr().out
-    assert out.count("(not placed)") == 17 and "tensor_parallel_size=8" in out
+    assert out.count("(not placed)") == 17 and "tensor_parallel_size = 8" in out and "--simulate" in str(err)
 
 
 # -- the dry run on a simulated 3-node cluster ----------------------------------------------------------------
@@ -161,7 +206,7 @@ def test_dry_run_places_16_trainer_ranks_on_two_nodes_and_the_rollout_on_the_thi
     # Megatron coordinates of rank 13: local rank 5, tp 1, cp 0, dp 0, pp 3, ep 1, etp 0, edp 0
     assert trainer[13].group(9).split() == ["13", "5", "1", "0", "0", "3", "1", "0", "0"]
     assert "MASTER_ADDR " in out and "<node of rank 0>" not in out
-    assert "tensor_parallel_size=8" in out and "nothing is started" in out
+    assert "tensor_parallel_size = 8" in out and "nothing is started" in out
 
     # nothing was started and nothing stays reserved; the command closed its own connection
     assert not ray.is_initialized()
@@ -177,3 +222,23 @@ def test_dry_run_places_16_trainer_ranks_on_two_nodes_and_the_rollout_on_the_thi
         assert ray.available_resources().get("GPU", 0) == 24
     finally:
         ray.shutdown()
+
+
+def test_a_dry_run_with_no_cluster_to_join_shows_the_placement_on_a_simulated_one(capsys, monkeypatch):
+    """The README's `repro launch --dry-run` on a machine without the cluster: no "(not placed)" rows and no
+    failure, but the placement on a simulated cluster of the recipe's shape, said plainly to be simulated."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    from repro.cluster import facts
+
+    def nothing_recorded(address):  # as on a machine where `ray start` never ran
+        raise facts.NoClusterFound("no Ray cluster found on this machine (test: nothing recorded)")
+
+    monkeypatch.setattr(facts, "resolve_address", nothing_recorded)
+    assert _launch(["--recipe", AMD, "--dry-run", "--placement-timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "no Ray cluster found" in out and out.count("SIMULATED: no Ray cluster was used") == 1
+    rows = [ROW.match(line) for line in out.splitlines() if ROW.match(line)]
+    assert [m.group(5) for m in rows] == ["A"] * 8 + ["B"] * 8 + ["C"] and "(not placed)" not in out
+    assert not ray.is_initialized()

@@ -19,7 +19,14 @@ import pytest
 from repro.run.loop import train
 from repro.run.metrics_log import MetricsLog
 from repro.recipes import load_recipe
-from repro.run.run_dir import open_run
+from repro.run.run_dir import check_inputs, open_run
+from repro.run.start import in_process_groups
+
+
+def open_in_process(recipe, run_dir, resume=False):
+    """What run_recipe does in this process, stopping short of train(): the test drives the loop itself."""
+    model_dir = check_inputs(recipe, run_dir, resume)
+    return open_run(recipe, run_dir, *in_process_groups(recipe, model_dir), resume=resume)
 
 SMALL = [
     "steps=4", "algorithm.prompts_per_step=8", "eval.every_steps=2", "checkpoint.every_steps=2",
@@ -38,7 +45,7 @@ class Crash(RuntimeError):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    run = open_run(load_recipe("tiny-cpu", SMALL), tmp_path_factory.mktemp("a"))
+    run = open_in_process(load_recipe("tiny-cpu", SMALL), tmp_path_factory.mktemp("a"))
     train(run)
     return run
 
@@ -64,21 +71,21 @@ def test_uninterrupted_run_logs_every_step_and_eval(uninterrupted):
 
 def test_resume_after_a_crash_mid_step_matches_the_uninterrupted_run(uninterrupted, tmp_path, monkeypatch):
     recipe = load_recipe("tiny-cpu", SMALL)
-    run = open_run(recipe, tmp_path)
+    run = open_in_process(recipe, tmp_path)
     import repro.run.loop as loop
 
     real_sync = loop.sync_weights
 
-    def crash_at_step_3(run_, version):
+    def crash_at_step_3(trainer, rollout, version):
         if version == 3:
             raise Crash("killed after the update of step 3, before its sync and log")
-        return real_sync(run_, version)
+        return real_sync(trainer, rollout, version)
 
     monkeypatch.setattr(loop, "sync_weights", crash_at_step_3)
     with pytest.raises(Crash):
         train(run)
     monkeypatch.setattr(loop, "sync_weights", real_sync)
-    resumed = open_run(recipe, tmp_path, resume=True)
+    resumed = open_in_process(recipe, tmp_path, resume=True)
     assert resumed.start_step == 2
     train(resumed)
     rows = MetricsLog(tmp_path / "metrics.jsonl").rows()

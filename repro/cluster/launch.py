@@ -18,6 +18,7 @@ node and 2-3 on the second.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,55 +100,44 @@ def recipe_sizes(recipe: "Recipe") -> ParallelSizes:
 
 
 def trainer_worker_args(recipe: "Recipe", master_addr: str = "<node of trainer rank 0>") -> list[dict[str, Any]]:
-    """The arguments each trainer rank is started with: torch.distributed identity + Megatron coordinates."""
+    """Each trainer rank's torch.distributed identity and Megatron coordinates (its environment on start)."""
     sizes = recipe_sizes(recipe)
     per_node = recipe.actor.num_workers // recipe.actor.nodes
-    rows = []
-    for rank in range(sizes.world):
-        coords = asdict(megatron_coords(rank, sizes))
-        rows.append({
-            **coords,
-            "world_size": sizes.world, "local_rank": rank % per_node, "trainer_node": rank // per_node,
-            "master_addr": master_addr, "master_port": MASTER_PORT,
-            "megatron": {
-                "tensor_model_parallel_size": sizes.tp, "pipeline_model_parallel_size": sizes.pp,
-                "expert_model_parallel_size": sizes.ep, "expert_tensor_parallel_size": sizes.etp,
-                "context_parallel_size": sizes.cp, "sequence_parallel": recipe.actor.sequence_parallel,
-                "recompute_granularity": recipe.actor.recompute, "bf16": recipe.actor.dtype == "bf16",
-                "optimizer_cpu_offload": recipe.actor.optimizer_cpu_offload,
-                "max_tokens_per_micro_batch": recipe.actor.max_tokens_per_micro_batch,
-            },
-        })
-    return rows
+    return [{**asdict(megatron_coords(rank, sizes)), "world_size": sizes.world, "local_rank": rank % per_node,
+             "trainer_node": rank // per_node, "master_addr": master_addr, "master_port": MASTER_PORT}
+            for rank in range(sizes.world)]
 
 
-def vllm_engine_args(recipe: "Recipe") -> dict[str, Any]:
-    """vLLM ``EngineArgs`` of one rollout replica, from the recipe (names as vLLM spells them)."""
-    r = recipe.rollout
-    fp8 = r.weight_format == "fp8_block"
-    return {
-        "model": recipe.model.path,
-        "tensor_parallel_size": r.tensor_parallel,
-        "dtype": "bfloat16",
-        # block-FP8 weights arrive from the trainer through weight sync and are quantised on the rollout side
-        # (repro.fp8, fp8_format per accelerator); quantization names the serving format
-        "quantization": "fp8" if fp8 else None,
-        "kv_cache_dtype": r.kv_cache_dtype,
-        "gpu_memory_utilization": r.gpu_memory_utilization,
-        "max_model_len": recipe.lengths.max_context,
-        "max_num_seqs": r.max_num_seqs,
-        "max_num_batched_tokens": r.max_num_batched_tokens,
-        "enable_chunked_prefill": True,
-        "enforce_eager": r.enforce_eager,
-        "seed": recipe.seed,
-        "distributed_executor_backend": "mp",  # the engine actor owns all TP GPUs and starts vLLM's TP workers itself
-    }
+def backend_arguments(recipe: "Recipe") -> dict[str, dict[str, Any]]:
+    """What the workers are built with, from the same functions that build them: the Megatron trainer's
+    ``megatron_layout`` sections (``repro.train.megatron.config``) when the trainer is Megatron, vLLM's ``LLM``
+    arguments (``repro.rollout.vllm_engine.engine_args_from_recipe``) and one training rollout's
+    ``SamplingParams`` when the rollout is vLLM."""
+    sections: dict[str, dict[str, Any]] = {}
+    if recipe.actor.backend == "megatron":
+        from repro.train.megatron.config import megatron_layout
+
+        for name, values in megatron_layout(recipe).items():
+            sections[f"megatron {name}"] = values
+    if recipe.rollout.backend == "vllm":
+        from repro.rollout.types import SamplingParams
+        from repro.rollout.vllm_engine import engine_args_from_recipe, vllm_sampling_kwargs
+
+        sections["vllm.LLM"] = engine_args_from_recipe(recipe, recipe.model.path)
+        r = recipe.rollout
+        train = SamplingParams(n=recipe.algorithm.responses_per_prompt, temperature=r.temperature, top_p=r.top_p,
+                               top_k=r.top_k, max_new_tokens=recipe.lengths.max_response, seed=recipe.seed)
+        sections["vllm.SamplingParams (one training prompt)"] = vllm_sampling_kwargs(
+            train, eos_id="<tokenizer eos>", max_tokens=recipe.lengths.max_response, seed=train.seed)
+    return sections
 
 
-def vllm_sampling_args(recipe: "Recipe") -> dict[str, Any]:
-    r = recipe.rollout
-    return {"n": recipe.algorithm.responses_per_prompt, "temperature": r.temperature, "top_p": r.top_p,
-            "top_k": r.top_k, "max_tokens": recipe.lengths.max_response, "logprobs": 0}
+def format_arguments(sections: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per argument, ``  name = repr(value)``, under a header per section."""
+    lines = []
+    for title, values in sections.items():
+        lines += ["", f"{title}:"] + [f"  {key} = {value!r}" for key, value in values.items()]
+    return lines
 
 
 def module_available(module: str) -> bool:
@@ -214,12 +204,8 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
         else:
             head += "  vLLM engine, arguments below"
         lines.append(head)
-    megatron = args[0]["megatron"]
-    lines += ["", f"every trainer rank: world_size {sizes.world}, MASTER_ADDR {master}, MASTER_PORT {MASTER_PORT}, "
-                  + ", ".join(f"{k}={v}" for k, v in megatron.items())]
-    lines += ["rollout replica engine arguments (vllm.EngineArgs): "
-              + ", ".join(f"{k}={v!r}" for k, v in vllm_engine_args(recipe).items())]
-    lines += ["rollout sampling (vllm.SamplingParams): " + ", ".join(f"{k}={v!r}" for k, v in vllm_sampling_args(recipe).items())]
+    lines += ["", f"every trainer rank: world_size {sizes.world}, MASTER_ADDR {master}, MASTER_PORT {MASTER_PORT}"]
+    lines += format_arguments(backend_arguments(recipe))
     return "\n".join(lines)
 
 
@@ -247,3 +233,36 @@ def dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> tuple[str, list[Place
         if not connected_before:
             shutdown_ray()
     return format_dry_run(recipe, plan, rows), rows
+
+
+def simulated_dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> str:
+    """The dry run on a cluster of the recipe's shape simulated on this machine (``ray.cluster_utils.Cluster``:
+    ``cluster.num_nodes`` Ray nodes, each offering ``gpus_per_node`` *logical* GPUs), so which node would host
+    which worker can be seen anywhere. Nothing touches a real GPU; the cluster is shut down afterwards."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from repro.cluster.placement import plan_placement
+
+    if ray.is_initialized():
+        raise LaunchError("a simulated dry run needs this process free of any Ray connection")
+    plan = plan_placement(recipe)
+    # each simulated node offers what the busiest node must hold (the trainer's ranks per node), no more: Ray
+    # starts processes per CPU it is told of
+    cpus = max(1, max(int(sum(b.get("CPU", 0) for b in g.bundles) // max(g.nodes, 1)) for g in plan.groups))
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    node = {"num_cpus": cpus, "num_gpus": recipe.cluster.gpus_per_node, "include_log_monitor": False}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "no_monitor": True})
+    try:
+        for _ in range(recipe.cluster.num_nodes - 1):
+            cluster.add_node(**node)
+        simulated = recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": cluster.address})})
+        text, _ = dry_run(simulated, timeout_s=timeout_s)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+    banner = (f"SIMULATED: no Ray cluster was used. {recipe.cluster.num_nodes} Ray nodes x "
+              f"{recipe.cluster.gpus_per_node} logical GPUs were started on this machine to show the placement; "
+              "node letters and addresses below are the simulation's, not your servers'.")
+    return banner + "\n" + text

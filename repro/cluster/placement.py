@@ -48,7 +48,7 @@ class PlacementError(ClusterError):
 
 
 @dataclass(frozen=True)
-class GroupPlan:
+class BundlePlan:
     name: str
     bundles: tuple[dict[str, float], ...]  # one per worker (trainer rank, rollout replica), in order
     strategy: str  # Ray strategy of every slice
@@ -80,9 +80,9 @@ class GroupPlan:
 @dataclass(frozen=True)
 class PlacementPlan:
     recipe_name: str
-    groups: tuple[GroupPlan, ...]  # created in this order; a group may only avoid an earlier one
+    groups: tuple[BundlePlan, ...]  # created in this order; a group may only avoid an earlier one
 
-    def group(self, name: str) -> GroupPlan:
+    def group(self, name: str) -> BundlePlan:
         for candidate in self.groups:
             if candidate.name == name:
                 return candidate
@@ -112,7 +112,7 @@ def plan_placement(recipe: "Recipe") -> PlacementPlan:
         trainer_bundle = {"GPU": 1, "CPU": CPUS_PER_TRAINER_GPU}
         rollout_bundle = {"GPU": rollout.tensor_parallel, "CPU": CPUS_PER_ROLLOUT_REPLICA}
         avoid = (TRAINER,)
-    trainer = GroupPlan(
+    trainer = BundlePlan(
         name=TRAINER,
         bundles=tuple(dict(trainer_bundle) for _ in range(actor.num_workers)),
         strategy="STRICT_PACK",
@@ -120,7 +120,7 @@ def plan_placement(recipe: "Recipe") -> PlacementPlan:
         bundles_per_slice=per_node,
         distinct_slice_nodes=actor.nodes > 1,
     )
-    rollout_group = GroupPlan(
+    rollout_group = BundlePlan(
         name=ROLLOUT,
         bundles=tuple(dict(rollout_bundle) for _ in range(rollout.num_replicas)),
         strategy="STRICT_PACK",
@@ -133,7 +133,7 @@ def plan_placement(recipe: "Recipe") -> PlacementPlan:
 
 
 @dataclass
-class PlacedGroups:
+class Placement:
     """Ray placement groups realising a plan; ``bundle(group, i)`` finds worker i's slot."""
 
     plan: PlacementPlan
@@ -157,11 +157,11 @@ class PlacedGroups:
         self.slices.clear()
 
 
-def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> PlacedGroups:
+def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> Placement:
     """Create every slice in plan order and wait until all are placed; all or nothing within ``timeout_s``."""
     from ray.util.placement_group import placement_group
 
-    placed = PlacedGroups(plan)
+    placed = Placement(plan)
     deadline = time.monotonic() + timeout_s
     for group in plan.groups:
         placed.slices[group.name] = []
@@ -188,7 +188,7 @@ def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> Pl
     return placed
 
 
-def _unplaceable(group: GroupPlan, index: int, excluded: set[str], timeout_s: float) -> str:
+def _unplaceable(group: BundlePlan, index: int, excluded: set[str], timeout_s: float) -> str:
     import ray
 
     totals = ", ".join(f"{k}: {v:g}" for k, v in group.totals().items())
@@ -219,7 +219,7 @@ class PlacementRow:
     resources: dict[str, float]
 
 
-def placement_table(placed: PlacedGroups) -> list[PlacementRow]:
+def placement_table(placed: Placement) -> list[PlacementRow]:
     """Which node holds each bundle, from the GCS (``ray.util.state`` needs the dashboard, which we leave off)."""
     import ray
     from ray.util.placement_group import placement_group_table

@@ -117,7 +117,7 @@ def _gb(n: float) -> str:
 
 
 def _skip(name: str, why: str = CPU_MODE_SKIP) -> CheckResult:
-    return CheckResult(name, SKIP, f"SKIP ({why})" if why == CPU_MODE_SKIP else why)
+    return CheckResult(name, SKIP, why)
 
 
 # -- the checks ------------------------------------------------------------------------------------------
@@ -207,10 +207,10 @@ def check_accelerator(recipe: "Recipe", facts: Facts) -> CheckResult:
 def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
     configured = recipe.rollout.fp8_format
     if recipe.rollout.weight_format != "fp8_block":
-        return CheckResult("fp8_format", SKIP, "SKIP (rollout.weight_format is bf16: no FP8 weights)")
+        return CheckResult("fp8_format", SKIP, "rollout.weight_format is bf16: no FP8 weights")
     if cpu_mode(recipe):
-        return CheckResult("fp8_format", SKIP, f"SKIP ({CPU_MODE_SKIP}; FP8 is emulated in software as "
-                                               f"rollout.fp8_format={configured})")
+        return CheckResult("fp8_format", SKIP, f"{CPU_MODE_SKIP}; FP8 is emulated in software as "
+                                               f"rollout.fp8_format={configured}")
     hardware = fp8_format_for(facts.accelerator, facts.arch)
     if hardware is None and facts.accelerator == "none":
         return CheckResult("fp8_format", FAIL, "no GPU here to read the FP8 encoding from (MI308X, gfx942: e4m3fnuz; "
@@ -277,7 +277,7 @@ def check_platform(recipe: "Recipe", facts: Facts) -> CheckResult:
 def _check_package(name: str, key: str, why_not: str) -> Check:
     def check(recipe: "Recipe", facts: Facts) -> CheckResult:
         if not needed_by(recipe):
-            return CheckResult(name, SKIP, f"SKIP ({why_not})")
+            return CheckResult(name, SKIP, why_not)
         pin, have = cluster_pins()[key], facts.versions.get(key)
         if have is None:
             want = f" {pin}" if pin else ""
@@ -363,13 +363,13 @@ def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
         from repro.run.run_dir import checkpoint_bytes
 
-        need, what = checkpoint_bytes(recipe), "the trainer's weights and optimizer state in host RAM (CPU mode)"
+        need, what = checkpoint_bytes(recipe), "for the trainer's weights and optimizer state (CPU mode: they live in host RAM)"
     elif recipe.actor.optimizer_cpu_offload:
         need = optimizer_bytes_per_node(recipe)
         what = (f"per trainer node for the CPU-offloaded optimizer ({OPTIMIZER_BYTES_PER_PARAM} bytes/param x "
                 f"{recipe.model.num_parameters:,} / {recipe.actor.nodes} nodes)")
     else:
-        return CheckResult("host_ram", SKIP, "SKIP (actor.optimizer_cpu_offload is off: the optimizer stays on the GPUs)")
+        return CheckResult("host_ram", SKIP, "actor.optimizer_cpu_offload is off: the optimizer stays on the GPUs")
     if facts.host_ram_bytes is None:
         return CheckResult("host_ram", WARN, f"host RAM unknown; need ~{_gb(need)} {what}", "check `free -g` on each trainer node")
     ram = facts.host_ram_bytes

@@ -39,8 +39,12 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
+NOTHING_TO_DO = "—"
+
+
 def results_as_dicts(results: list[CheckResult]) -> list[dict[str, str]]:
-    return [asdict(r) for r in results]
+    """One dict per check; ``fix`` says what to do for WARN/FAIL and is "—" where nothing needs doing."""
+    return [{**asdict(r), "fix": r.fix if r.status in (WARN, FAIL) and r.fix else NOTHING_TO_DO} for r in results]
 
 
 def write_json(results: list[CheckResult], path: str | os.PathLike) -> Path:

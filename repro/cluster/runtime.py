@@ -15,11 +15,13 @@ Joining never changes the mode: a cluster started with tokens needs ``RAY_AUTH_M
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from repro.cluster import ClusterError
@@ -93,20 +95,27 @@ def _start_local(recipe: "Recipe") -> None:
     for key, value in LOCAL_INSTANCE_ENV.items():
         os.environ.setdefault(key, value)
     cpu_mode = recipe.cluster.gpus_per_node == 0
-    try:
-        ray.init(
-            address="local",  # a new instance even if another one on this machine would be auto-detected
-            # CPU mode offers exactly the plan's CPUs (Ray pre-starts a worker per CPU: more only costs RAM)
-            # and no GPUs; a GPU recipe on one local box lets Ray detect what it has.
-            num_cpus=local_num_cpus(recipe) if cpu_mode else None,
-            num_gpus=0 if cpu_mode else None,
-            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-            include_dashboard=False,
-            log_to_driver=False,
-            namespace="repro",
-        )
-    except Exception as err:  # Ray raises many types here; the user needs the one line
-        raise ClusterError(f"cluster.ray_address: null: could not start a local Ray instance: {err}") from err
+    for attempt in (1, 2):
+        before = {p["pid"] for p in local_ray_processes()}
+        try:
+            ray.init(
+                address="local",  # a new instance even if another one on this machine would be auto-detected
+                # CPU mode offers exactly the plan's CPUs (Ray pre-starts a worker per CPU: more only costs RAM)
+                # and no GPUs; a GPU recipe on one local box lets Ray detect what it has.
+                num_cpus=local_num_cpus(recipe) if cpu_mode else None,
+                num_gpus=0 if cpu_mode else None,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                include_dashboard=False,
+                log_to_driver=False,
+                namespace="repro",
+            )
+            return
+        except Exception as err:  # Ray raises many types here; the user needs the one line
+            # a start that timed out leaves its raylet's agents running: end what this attempt started
+            end_processes([p for p in local_ray_processes() if p["pid"] not in before], grace_s=2.0)
+            # Ray gives its raylet a fixed 30 s to register; on a loaded machine one more try usually does it
+            if attempt == 2 or "timed out during startup" not in str(err):
+                raise ClusterError(f"cluster.ray_address: null: could not start a local Ray instance: {err}") from err
 
 
 def _join(address: str) -> None:
@@ -115,7 +124,7 @@ def _join(address: str) -> None:
     if address != "auto":
         _probe(address)
     try:
-        ray.init(address=address, log_to_driver=False, namespace="repro")
+        ray.init(address=address, log_to_driver=False, namespace="repro", logging_level="warning")
     except Exception as err:
         hint = ""
         if "auth" in str(err).lower() or "token" in str(err).lower():
@@ -144,3 +153,73 @@ def _describe(started_local: bool, connect_s: float) -> RayInfo:
     resources = ray.cluster_resources()
     address = ray.get_runtime_context().gcs_address
     return RayInfo(address, started_local, resources.get("CPU", 0.0), resources.get("GPU", 0.0), connect_s)
+
+
+# -- processes of a local instance ------------------------------------------------------------------------------
+# A driver killed with SIGKILL runs no clean-up: Ray's agents (DashboardAgent, RuntimeEnvAgent, ~250 MB) may outlive
+# it for minutes. A run records the processes of the local instance it started, and the next run ends those that
+# are still alive -- matched by process id *and* start time, so a recycled pid is never touched.
+
+def local_ray_processes() -> list[dict]:
+    """The Ray processes this driver started (its descendants whose command line runs Ray)."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            command = " ".join(proc.cmdline())
+            if "ray" in command:
+                found.append({"pid": proc.pid, "create_time": proc.create_time(), "name": proc.name()})
+        except psutil.Error:
+            continue
+    return found
+
+
+def record_local_processes(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"driver": os.getpid(), "processes": local_ray_processes()}, indent=1))
+    tmp.replace(path)
+
+
+def end_processes(processes: list[dict], grace_s: float = 5.0) -> list[str]:
+    """Terminate (then kill) each recorded process still alive with its recorded start time; what was ended."""
+    import psutil
+
+    alive = []
+    for entry in processes:
+        try:
+            proc = psutil.Process(entry["pid"])
+            if abs(proc.create_time() - entry["create_time"]) < 1e-3:
+                proc.terminate()
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return [f"{proc.pid} ({entry_name(proc)})" for proc in alive]
+
+
+def entry_name(proc) -> str:
+    try:
+        return proc.name()
+    except Exception:
+        return "exited"
+
+
+def end_recorded_processes(path: Path) -> list[str]:
+    """End what a killed run's record lists (nothing else), then drop the record."""
+    if not path.is_file():
+        return []
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        path.unlink(missing_ok=True)
+        return []
+    ended = end_processes(record.get("processes", []))
+    path.unlink(missing_ok=True)
+    return ended

@@ -26,8 +26,15 @@ def add_arguments(parser):
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
     parser.add_argument("--run-dir", help="run directory (default: runs/<recipe name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--simulate", action="store_true",
+                        help="dry run on a simulated cluster of the recipe's shape (logical GPUs on this machine); "
+                             "also what --dry-run does when cluster.ray_address is 'auto' and no cluster is found")
     parser.add_argument("--placement-timeout", type=float, default=120.0, help="seconds to wait for the placement (dry run)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+class NoClusterToJoin(Exception):
+    """'auto' found no running cluster on this machine (the dry run then simulates one)."""
 
 
 def _with_address(recipe):
@@ -42,23 +49,34 @@ def _with_address(recipe):
     try:
         address = resolve_address(recipe.cluster.ray_address)
     except NoClusterFound as err:
-        raise ClusterError(f"cluster.ray_address='auto': {err}") from None
+        raise NoClusterToJoin(f"cluster.ray_address='auto': {err}") from None
     return recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": address})})
 
 
 def run(args) -> int:
     from repro.cluster import ClusterError
-    from repro.cluster.launch import LaunchError, dry_run, format_dry_run, launch_blockers, unplaced_rows
+    from repro.cluster.launch import (LaunchError, dry_run, format_dry_run, launch_blockers, simulated_dry_run,
+                                      unplaced_rows)
     from repro.cluster.placement import plan_placement
 
     recipe = load_recipe(args.recipe, list(args.overrides))
-    if args.dry_run:
+    if args.dry_run or args.simulate:
+        if args.simulate:
+            print(simulated_dry_run(recipe, timeout_s=args.placement_timeout))
+            return 0
         try:
-            text, _ = dry_run(_with_address(recipe), timeout_s=args.placement_timeout)
+            joined = _with_address(recipe)
+        except NoClusterToJoin as err:
+            print(f"{err}: showing the placement on a simulated cluster instead")
+            print(simulated_dry_run(recipe, timeout_s=args.placement_timeout))
+            return 0
+        try:
+            text, _ = dry_run(joined, timeout_s=args.placement_timeout)
         except ClusterError as err:
             plan = plan_placement(recipe)
             print(format_dry_run(recipe, plan, unplaced_rows(plan)))
-            raise ClusterError(f"dry run: the plan above could not be placed: {err}") from None
+            raise ClusterError(f"dry run: the plan above could not be placed: {err} "
+                               "(`--simulate` shows the placement on a simulated cluster of the recipe's shape)") from None
         print(text)
         return 0
     blockers = launch_blockers(recipe)

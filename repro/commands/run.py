@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from repro.recipes import list_recipes, load_recipe
@@ -20,51 +19,22 @@ def add_arguments(parser, default_steps: int | None = None):
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def progress_bar(total_steps: int, start_step: int):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
-
-    def update(step: int, row: dict) -> None:
-        bar.set_postfix(
-            acc=f"{row['reward/accuracy']:.3f}", kl=f"{row['rollout_corr/kl']:+.4f}",
-            ess=f"{row['rollout_corr/rollout_is_eff_sample_size']:.3f}", tok_s=f"{row['perf/rollout_tokens_per_s']:.0f}",
-        )
-        bar.update(step - bar.n)
-
-    update.close = bar.close
-    return update
-
-
 def execute(args) -> Path:
     """Open (or resume) the run, train, write the parquet copy; returns the run directory."""
-    from repro.run.loop import train
-    from repro.run.run_dir import local_groups, open_run
+    from repro.run.progress import progress_bar
+    from repro.run.start import run_recipe
+    from repro.run.state import no_progress
 
-    overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps else [])
-    recipe = load_recipe(args.recipe, overrides)
+    recipe = load_recipe(args.recipe, list(args.overrides), steps=args.steps)
     run_dir = Path(args.run_dir or Path("runs") / recipe.name)
-    if args.in_process:
-        groups, cluster = local_groups, None
-    else:
-        from repro.groups.ray_groups import RayGroups
-
-        cluster = RayGroups(recipe, run_dir)
-        groups = cluster.make_groups
-    started = time.perf_counter()
+    progress = no_progress if args.quiet else progress_bar(recipe.steps)
     try:
-        run = open_run(recipe, run_dir, resume=args.resume, groups=groups)
-        if not args.quiet:
-            run.progress = progress_bar(recipe.steps, run.start_step)
-        try:
-            train(run)
-        finally:
-            getattr(run.progress, "close", lambda: None)()
-        run.metrics.write_parquet()
+        outcome = run_recipe(recipe, run_dir, in_process=args.in_process, resume=args.resume, progress=progress)
     finally:
-        if cluster is not None:
-            cluster.shutdown()
-    print(f"run finished in {time.perf_counter() - started:.1f} s: {run_dir} (metrics.jsonl, metrics.parquet, eval/, checkpoints/)")
+        getattr(progress, "close", lambda: None)()
+    if not outcome.already_finished:
+        print(f"run finished in {outcome.seconds:.1f} s (warm-up {outcome.warmup_s:.1f} s): {run_dir} "
+              "(metrics.jsonl, metrics.parquet, eval/, checkpoints/)")
     return run_dir
 
 

@@ -1,8 +1,7 @@
 """`repro smoke`: 3 optimizer steps of a recipe, as AMD's post smoke-tests the setup before the long run."""
 
 from repro.commands import run as run_command
-
-SMOKE_STEPS = 3
+from repro.run.start import SMOKE_STEPS
 
 
 def add_arguments(parser):

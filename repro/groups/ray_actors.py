@@ -1,139 +1,81 @@
-"""Ray actors that hold one backend (trainer worker, rollout engine) each, pinned to a placement bundle.
+"""Ray actors pinned to placement bundles, and waiting on them with errors that name the worker and the call.
 
-The actor is a thin generic forwarder: ``invoke(method, *args, **kwargs)`` calls the backend. Why not one
-actor class per backend with explicit methods: the backend interfaces (``RolloutEngine``, the trainer) are
-typed Protocols owned by their packages and still changing; explicit actor methods would duplicate them here
-and break on every change, while the forwarder needs nothing but a factory. What a typed actor would add
-(naming the failing call) ``call`` adds instead: every error names the worker and the method.
-
-The backend is built *inside* the worker by a factory (a picklable callable, or a ``"module:attr"`` string so
-the driver need not import heavy backends), so weights load on the node that uses them and never travel
-through the driver.
+An actor is started from a class (the group's worker, ``repro.groups.workers``) inside exactly one bundle of the
+recipe's placement; its methods are called by name on the handle (``actor.train_step.remote(batch)``), so a
+reader and a type checker follow the call into the worker class. The worker's constructor runs inside the actor,
+so weights load on the node that uses them and never pass through the driver.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.cluster import ClusterError
-from repro.cluster.placement import PlacedGroups
-
-Factory = Callable[..., Any] | str
+from repro.cluster.placement import Placement
 
 
 class WorkerDiedError(ClusterError):
-    """A worker actor died or stopped answering; the message names it and the call it was in."""
+    """A worker actor died, raised, or stopped answering; the message names it and the call it was in."""
 
 
-def resolve_factory(factory: Factory) -> Callable[..., Any]:
-    if callable(factory):
-        return factory
-    module, _, attr = factory.partition(":")
-    if not attr:
-        raise ClusterError(f"backend factory {factory!r}: expected 'package.module:callable'")
-    return getattr(importlib.import_module(module), attr)
-
-
-@ray.remote(max_restarts=0, max_task_retries=0)
-class BackendWorker:
-    """Holds ``factory(*args, **kwargs)`` and forwards calls to it."""
-
-    def __init__(self, name: str, factory: Factory, args: tuple, kwargs: dict):
-        self.name = name
-        self.backend = resolve_factory(factory)(*args, **kwargs)
-
-    def invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        target = getattr(self.backend, method, None)
-        if not callable(target):
-            raise ClusterError(f"{self.name}: backend {type(self.backend).__name__} has no method {method!r}")
-        return target(*args, **kwargs)
-
-    def where(self) -> dict[str, Any]:
-        """Process and node this worker runs in, for placement checks and logs."""
-        context = ray.get_runtime_context()
-        return {"name": self.name, "pid": os.getpid(), "node_id": context.get_node_id(),
-                "gpu_ids": ray.get_gpu_ids()}
-
-
-@dataclass(frozen=True)
-class WorkerHandle:
-    name: str  # "rollout worker 0", "trainer worker 13": what errors call it
-    group: str
-    index: int
-    actor: Any  # ray.actor.ActorHandle of BackendWorker
-
-
-def start_worker(
-    placed: PlacedGroups,
-    group: str,
-    index: int,
-    factory: Factory,
-    args: tuple = (),
-    kwargs: dict | None = None,
-    env: dict[str, str] | None = None,
-) -> WorkerHandle:
-    """Start one worker in bundle ``index`` of ``group``, reserving exactly that bundle's resources."""
-    pg, bundle_index = placed.bundle(group, index)
-    resources = dict(placed.plan.group(group).bundles[index])
-    name = f"{group} worker {index}"
+def start_actor(placement: Placement, group: str, index: int, cls: type, args: tuple = (), kwargs: dict | None = None,
+                env: dict[str, str] | None = None) -> Any:
+    """An actor of ``cls`` in bundle ``index`` of ``group``, reserving exactly that bundle's resources."""
+    pg, bundle_index = placement.bundle(group, index)
+    resources = dict(placement.plan.group(group).bundles[index])
     options: dict[str, Any] = {
         "num_cpus": resources.pop("CPU", 0),
         "num_gpus": resources.pop("GPU", 0),
         "resources": resources or None,
+        "max_restarts": 0,
+        "max_task_retries": 0,
         "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=bundle_index
         ),
     }
     if env:
         options["runtime_env"] = {"env_vars": dict(env)}
-    actor = BackendWorker.options(**options).remote(name, factory, tuple(args), dict(kwargs or {}))
-    return WorkerHandle(name, group, index, actor)
+    return ray.remote(cls).options(**options).remote(*args, **(kwargs or {}))
 
 
-def start_group(placed: PlacedGroups, group: str, factory: Factory, args: tuple = (), kwargs: dict | None = None,
-                env: dict[str, str] | None = None) -> list[WorkerHandle]:
-    """One worker per bundle of ``group``, in rank order."""
-    count = len(placed.plan.group(group).bundles)
-    return [start_worker(placed, group, i, factory, args, kwargs, env) for i in range(count)]
+def wait_all(refs: list[Any], names: list[str], call: str, timeout_s: float | None = None) -> list[Any]:
+    """Every result, in order; the first worker to fail raises at once, naming it and ``call`` (its peers may be
+    blocked in a collective waiting for it, so waiting for them too would hang)."""
+    pending = {ref: i for i, ref in enumerate(refs)}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout_s)
+        if not done:
+            waiting = ", ".join(names[i] for i in sorted(pending.values()))
+            raise WorkerDiedError(f"{waiting}: did not finish {call} within {timeout_s:g} s")
+        index = pending.pop(done[0])
+        try:
+            ray.get(done[0])
+        except (RayError, GetTimeoutError) as err:
+            raise WorkerDiedError(f"{names[index]} died during {call}: {failure_line(err)}") from err
+    return ray.get(refs)
 
 
-def call(worker: WorkerHandle | Any, method: str, *args: Any, name: str | None = None,
-         timeout_s: float | None = None, **kwargs: Any) -> Any:
-    """``worker.invoke(method, ...)`` and wait; a dead or silent worker becomes a WorkerDiedError naming it."""
-    label = name or getattr(worker, "name", None) or repr(worker)
-    actor = getattr(worker, "actor", worker)
-    return _get(actor.invoke.remote(method, *args, **kwargs), label, method, timeout_s)
+def failure_line(err: Exception) -> str:
+    """The failing exception's own line (Ray's message starts with its task header and the remote traceback)."""
+    if isinstance(err, (ActorDiedError, RayActorError, ActorUnavailableError)):
+        # an actor whose constructor raised: the cause is on the message's first line
+        text = str(err).strip()
+        return text.splitlines()[0] if text else type(err).__name__
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__
 
 
-def call_all(workers: list[WorkerHandle], method: str, *args: Any, timeout_s: float | None = None,
-             **kwargs: Any) -> list[Any]:
-    """The same call on every worker at once (e.g. a trainer step on all ranks); results in rank order."""
-    refs = [w.actor.invoke.remote(method, *args, **kwargs) for w in workers]
-    return [_get(ref, w.name, method, timeout_s) for ref, w in zip(refs, workers)]
+def where_am_i() -> dict[str, Any]:
+    """Process and node of the calling actor, for placement checks and logs."""
+    context = ray.get_runtime_context()
+    return {"pid": os.getpid(), "node_id": context.get_node_id(), "gpu_ids": ray.get_gpu_ids()}
 
 
-def where(worker: WorkerHandle, timeout_s: float | None = None) -> dict[str, Any]:
-    return _get(worker.actor.where.remote(), worker.name, "where", timeout_s)
-
-
-def _get(ref: Any, label: str, method: str, timeout_s: float | None) -> Any:
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except (ActorDiedError, RayActorError, ActorUnavailableError) as err:
-        # RayActorError also covers a backend whose constructor raised: its cause is in the message
-        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise WorkerDiedError(f"{label} died during {method}: {cause}") from err
-    except GetTimeoutError as err:
-        raise WorkerDiedError(f"{label} did not answer {method} within {timeout_s:g} s") from err
-
-
-def stop_workers(workers: list[WorkerHandle]) -> None:
-    for worker in workers:
-        ray.kill(worker.actor, no_restart=True)
+def stop_actors(actors: list[Any]) -> None:
+    for actor in actors:
+        ray.kill(actor, no_restart=True)

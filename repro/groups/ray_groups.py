@@ -1,79 +1,159 @@
-"""The loop's two groups on Ray, placed by the recipe's plan: the trainer (one embedded worker, or every rank of
-a Megatron world) and one rollout worker.
+"""The two groups on Ray: one actor per trainer rank (together one torch.distributed world) and one rollout actor,
+each pinned to its bundle of the recipe's placement. Both implement ``repro.groups.protocol``.
 
-``call`` waits for the result; ``submit`` returns the ObjectRef, which Ray resolves inside the receiving
-worker, so weight-sync buckets travel trainer -> rollout through the object store, never via the driver (a
-multi-rank trainer gathers its ranks' weights to rank 0 first). A worker that dies is reported by name, with
-the newest checkpoint the run can resume from.
+Trainer calls go to every rank at once (SPMD: a Megatron step is a collective) and return rank 0's answer; the
+ranks compute the same result (the trainer broadcasts what only the last pipeline stage has). A batch is put in
+the object store once for all ranks. ``send_weights`` returns rank 0's reference to its buckets without waiting,
+and the rollout actor resolves it itself, so the weights travel trainer -> rollout through the object store,
+never through the driver.
+
+Rendezvous: rank 0's bundle is asked (a zero-CPU task scheduled into it) for its node address and a free port;
+every rank then starts with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its environment, which
+``torch.distributed`` (and ``repro.train.megatron.parallel.init_distributed_from_env``) reads.
 """
 
 from __future__ import annotations
 
+import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.run.checkpoints import latest_checkpoint
-from repro.groups.ray_actors import WorkerDiedError, start_worker
-from repro.cluster.placement import (
-    ROLLOUT, TRAINER, create_placement_groups, format_placement_table, placement_table, plan_placement,
-)
-from repro.groups.ray_ranks import RankGroup, start_ranks
-from repro.cluster.runtime import ensure_ray, shutdown_ray
-from repro.recipes.schema import Recipe
+from repro.cluster.placement import ROLLOUT, TRAINER, Placement
 from repro.errors import ReproError
+from repro.groups.ray_actors import start_actor, wait_all
+from repro.groups.workers import RolloutWorker, TrainerWorker
+from repro.recipes.schema import Recipe
+from repro.rollout.types import RolloutResult, SamplingParams
+from repro.sync import SyncStats
+from repro.train.base import LogprobResult
+from repro.train.batch import TrainBatch
 
 
-class RayGroup:
-    def __init__(self, ranks: RankGroup, run_dir: Path):
-        self.ranks, self.run_dir = ranks, run_dir
-        self.name = ranks.name
+@dataclass
+class RayTrainerGroup:
+    """Every trainer rank; each method runs on all of them and returns rank 0's answer."""
 
-    def submit(self, method: str, *args: Any) -> Any:
-        return self.ranks.submit(method, *args)
+    ranks: list[Any]  # actor handles of TrainerWorker, rank order
+    timeout_s: float | None = None
 
-    def call(self, method: str, *args: Any) -> Any:
-        try:
-            return self.ranks.call(method, *args)
-        except WorkerDiedError as err:
-            newest = latest_checkpoint(Path(self.run_dir) / "checkpoints")
-            resume = (f"the last good checkpoint is step {newest.step} ({newest.path}): rerun with --resume"
-                      if newest else "no checkpoint was written yet: rerun from the start")
-            raise WorkerDiedError(f"{err}; {resume}") from err
+    @property
+    def names(self) -> list[str]:
+        if len(self.ranks) == 1:
+            return ["trainer worker 0"]
+        return [f"trainer worker {i} (rank {i})" for i in range(len(self.ranks))]
+
+    def _shared(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value) if len(self.ranks) > 1 else value
+
+    def ready(self) -> None:
+        wait_all([r.ready.remote() for r in self.ranks], self.names, "start-up", self.timeout_s)
+
+    def logprobs(self, batch: TrainBatch, replay_routing: bool) -> LogprobResult:
+        batch = self._shared(batch)
+        return wait_all([r.logprobs.remote(batch, replay_routing) for r in self.ranks], self.names, "logprobs",
+                        self.timeout_s)[0]
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        batch = self._shared(batch)
+        return wait_all([r.train_step.remote(batch) for r in self.ranks], self.names, "train_step", self.timeout_s)[0]
+
+    def send_weights(self, version: int) -> "RaySend":
+        """Started on every rank: rank 0's reference to its buckets, and the other ranks' part of the gather."""
+        refs = [r.send_weights.remote(version) for r in self.ranks]
+        return RaySend(refs[0], refs[1:], self.names[1:])
+
+    def save(self, directory: Path) -> Path:
+        return Path(wait_all([r.save.remote(str(directory)) for r in self.ranks], self.names, "save", self.timeout_s)[0])
+
+    def load(self, directory: Path) -> None:
+        wait_all([r.load.remote(str(directory)) for r in self.ranks], self.names, "load", self.timeout_s)
 
 
-class RayGroups:
-    """Starts Ray (or joins the recipe's cluster), places both groups, starts the trainer rank(s) and the
-    rollout worker."""
+@dataclass(frozen=True)
+class RaySend:
+    """A weight send under way: rank 0's buckets (resolved by the rollout actor itself) and the other ranks'
+    calls, which must finish too (they take part in gathering the weights to rank 0)."""
 
-    supports_multi_worker = True  # a Megatron trainer of actor.num_workers ranks; still one rollout replica
+    buckets: Any
+    peers: list[Any]
+    peer_names: list[str]
 
-    def __init__(self, recipe: Recipe, run_dir: str | Path):
-        self.recipe, self.run_dir = recipe, Path(run_dir)
-        self.placed = None
 
-    def make_groups(self, recipe: Recipe, model_dir: Path, run_dir: Path) -> tuple[RayGroup, RayGroup]:
-        check_group_sizes(recipe)
-        ensure_ray(recipe)
-        self.placed = create_placement_groups(plan_placement(recipe))
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "logs" / "placement.txt").write_text(format_placement_table(placement_table(self.placed)) + "\n")
-        spec = recipe.model_dump(mode="json")
-        # one thread per worker: each holds one CPU bundle, and oversubscribed small matmuls crawl
-        env = {"OMP_NUM_THREADS": "1"} if recipe.cluster.gpus_per_node == 0 else None
-        if recipe.actor.backend == "megatron":
-            trainer = start_ranks(self.placed, TRAINER, "repro.groups.workers:TrainerWorker", (spec, str(model_dir)),
+@dataclass
+class RayRolloutGroup:
+    """The rollout replica's actor."""
+
+    actor: Any  # actor handle of RolloutWorker
+    timeout_s: float | None = None
+    name: str = "rollout worker 0"
+
+    def ready(self) -> None:
+        wait_all([self.actor.ready.remote()], [self.name], "start-up", self.timeout_s)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
+        return wait_all([self.actor.generate.remote(prompts, params)], [self.name], "generate", self.timeout_s)[0]
+
+    def receive_weights(self, sent: RaySend, version: int) -> SyncStats:
+        stats = wait_all([self.actor.receive_weights.remote(sent.buckets, version)], [self.name], "receive_weights",
+                         self.timeout_s)[0]
+        wait_all(sent.peers, sent.peer_names, "send_weights", self.timeout_s)
+        return stats
+
+
+def _free_port_here() -> tuple[str, int]:
+    import ray
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+
+def rendezvous_address(placement: Placement, group: str = TRAINER) -> tuple[str, int]:
+    """(address, free port) on the node holding bundle 0 of ``group``, asked from inside that bundle."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg, index = placement.bundle(group, 0)
+    probe = ray.remote(num_cpus=0)(_free_port_here).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index))
+    return ray.get(probe.remote(), timeout=120)
+
+
+def rank_env(rank: int, world: int, per_node: int, master: tuple[str, int]) -> dict[str, str]:
+    """The torch.distributed environment of one rank (ranks fill nodes in order, ``per_node`` each)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node), "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])}
+
+
+def start_trainer_ranks(placement: Placement, recipe: Recipe | dict, model_dir: str, *, per_node: int,
+                        env: dict[str, str] | None = None) -> RayTrainerGroup:
+    """One TrainerWorker actor per trainer bundle, rank i in bundle i, each with its rendezvous environment
+    (a single rank needs none). All constructors run at once, so the process group forms while they start."""
+    world = len(placement.plan.group(TRAINER).bundles)
+    spec = recipe.model_dump(mode="json") if isinstance(recipe, Recipe) else recipe
+    if world == 1:
+        return RayTrainerGroup([start_actor(placement, TRAINER, 0, TrainerWorker, (spec, model_dir), env=env)])
+    master = rendezvous_address(placement, TRAINER)
+    return RayTrainerGroup([
+        start_actor(placement, TRAINER, rank, TrainerWorker, (spec, model_dir),
+                    env={**(env or {}), **rank_env(rank, world, per_node, master)})
+        for rank in range(world)
+    ])
+
+
+def start_groups(placement: Placement, recipe: Recipe, model_dir: Path) -> tuple[RayTrainerGroup, RayRolloutGroup]:
+    """The recipe's trainer rank(s) and its rollout replica, started in their bundles (not yet waited for)."""
+    check_group_sizes(recipe)
+    spec = recipe.model_dump(mode="json")
+    # one thread per worker: each holds one CPU bundle, and oversubscribed small matmuls crawl
+    env = {"OMP_NUM_THREADS": "1"} if recipe.cluster.gpus_per_node == 0 else None
+    trainer = start_trainer_ranks(placement, spec, str(model_dir),
                                   per_node=recipe.actor.num_workers // recipe.actor.nodes, env=env)
-        else:
-            trainer = RankGroup([start_worker(self.placed, TRAINER, 0, "repro.groups.workers:TrainerWorker",
-                                              (spec, str(model_dir)), env=env)], name="trainer worker 0")
-        rollout = RankGroup([start_worker(self.placed, ROLLOUT, 0, "repro.groups.workers:RolloutWorker",
-                                          (spec, str(model_dir)), env=env)], name="rollout worker 0")
-        return RayGroup(trainer, run_dir), RayGroup(rollout, run_dir)
-
-    def shutdown(self) -> None:
-        if self.placed is not None:
-            self.placed.remove()
-        shutdown_ray()
+    rollout = RayRolloutGroup(start_actor(placement, ROLLOUT, 0, RolloutWorker, (spec, str(model_dir)), env=env))
+    return trainer, rollout
 
 
 def check_group_sizes(recipe: Recipe) -> None:

@@ -1,8 +1,9 @@
-"""What runs inside each Ray actor: a trainer worker and a rollout worker, plain Python objects.
+"""The worker of each group, a plain Python object: in this process it is the group itself (it implements
+``repro.groups.protocol``), on Ray each actor holds one (``repro.groups.ray_groups``).
 
-Keeping them free of Ray means tests can drive the same objects in-process; ``repro.cluster`` only places
-them and forwards calls (to every rank of a Megatron trainer at once). Each is built from the resolved recipe (a dict, so it crosses process boundaries)
-and the model folder.
+A worker builds its backend from the resolved recipe (a dict when it crossed a process boundary) and the model
+folder, so weights load where they are used and never travel through the driver, and it owns its side of the
+weight sync: the trainer worker cuts its weights into buckets, the rollout worker checks and applies them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.sync import Bucket, SyncStats, apply_buckets, make_buckets
+from repro.train.base import LogprobResult
+from repro.train.batch import TrainBatch
 
 
 def _recipe(recipe: Recipe | dict) -> Recipe:
@@ -19,14 +22,14 @@ def _recipe(recipe: Recipe | dict) -> Recipe:
 
 
 class TrainerWorker:
-    """One trainer process: the embedded trainer, or one rank of a Megatron world (its rendezvous environment
-    set by ``repro.groups.ray_ranks``; the model from ``actor.model_provider``, so ``model_dir`` is unused there)."""
+    """One trainer process: the embedded trainer, or one rank of a Megatron world (its rendezvous environment set
+    by ``repro.groups.ray_groups``; the model from ``actor.model_provider``, so ``model_dir`` is unused there)."""
 
     def __init__(self, recipe: Recipe | dict, model_dir: str | Path):
         recipe = _recipe(recipe)
         if recipe.actor.backend == "megatron":  # needs megatron-core (`make test-megatron` builds .venv-megatron)
-            from repro.train.megatron.trainer import MegatronTrainer
             from repro.train.megatron.parallel import init_distributed_from_env
+            from repro.train.megatron.trainer import MegatronTrainer
 
             if recipe.actor.num_workers > 1:
                 init_distributed_from_env()
@@ -37,25 +40,30 @@ class TrainerWorker:
             self.trainer = EmbeddedTrainer.from_recipe(recipe, model_dir)
         self.bucket_bytes = recipe.weight_sync.bucket_mb * 1024 * 1024
 
-    def logprobs(self, batch, replay_routing: bool = True):
+    def ready(self) -> None:
+        """Construction is the warm-up; by the time this runs it is done."""
+
+    def logprobs(self, batch: TrainBatch, replay_routing: bool) -> LogprobResult:
         return self.trainer.logprobs(batch, replay_routing=replay_routing)
 
-    def train_step(self, batch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.trainer.train_step(batch)
 
-    def weight_buckets(self, version: int) -> list[Bucket]:
+    def send_weights(self, version: int) -> list[Bucket]:
         """The whole model in buckets (a Megatron trainer: on rank 0; its other ranks return [])."""
         weights = list(self.trainer.named_weights())
         return make_buckets(weights, self.bucket_bytes, version) if weights else []
 
-    def save(self, directory: str) -> str:
-        return str(self.trainer.save(directory))
+    def save(self, directory: str | Path) -> Path:
+        return Path(self.trainer.save(directory))
 
-    def load(self, directory: str) -> None:
+    def load(self, directory: str | Path) -> None:
         self.trainer.load(directory)
 
 
 class RolloutWorker:
+    """The rollout engine a recipe names: the embedded CPU engine, or vLLM."""
+
     def __init__(self, recipe: Recipe | dict, model_dir: str | Path):
         recipe = _recipe(recipe)
         if recipe.rollout.backend == "vllm":  # needs vllm installed (`make test-vllm` builds .venv-vllm)
@@ -82,11 +90,14 @@ class RolloutWorker:
             record_routing=recipe.routing_replay.enabled,
         )
 
+    def ready(self) -> None:
+        """Construction is the warm-up; by the time this runs it is done."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         return self.engine.generate(prompts, params)
 
-    def apply_buckets(self, buckets: list[Bucket], version: int) -> SyncStats:
-        return apply_buckets(self.engine, buckets, version)
+    def receive_weights(self, sent: list[Bucket], version: int) -> SyncStats:
+        return apply_buckets(self.engine, sent, version)
 
     def weight_version(self) -> int:
         return self.engine.weight_version

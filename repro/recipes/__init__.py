@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -33,42 +34,90 @@ def recipe_file(name_or_path: str | os.PathLike) -> Path:
     return named
 
 
-def load_recipe(name_or_path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Parse and validate a recipe; ``overrides`` are ``dotted.field=value`` strings (value parsed as YAML)."""
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML as a person reads it: ``1e-6`` is a number (PyYAML's YAML 1.1 rules need ``1.0e-6``)."""
+
+
+_RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=_RecipeLoader)  # a SafeLoader: builds plain data only
+
+
+def load_recipe(name_or_path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+                steps: int | None = None) -> Recipe:
+    """Parse and validate a recipe; ``overrides`` are ``dotted.field=value`` strings (value parsed as YAML);
+    ``steps`` (a command's --steps, a notebook's parameter) overrides ``steps`` when given."""
     path = recipe_file(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise RecipeError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
+    overrides = list(overrides) + ([f"steps={steps}"] if steps is not None else [])
+    applied = {}
     for override in overrides:
-        apply_override(data, override)
-    return validate_recipe(data, source=str(path))
+        applied[apply_override(data, override)] = override
+    return validate_recipe(data, source=str(path), overrides=applied)
 
 
-def validate_recipe(data: dict, source: str = "<recipe>") -> Recipe:
+def validate_recipe(data: dict, source: str = "<recipe>", overrides: dict[str, str] | None = None) -> Recipe:
+    """``overrides``: dotted field -> the override that set it, so an error there names the override."""
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
-        raise RecipeError(f"{source}: invalid recipe\n{format_errors(err)}") from None
+        lines = format_errors(err)
+        overrides = overrides or {}
+        fields = _error_fields(lines)
+        if overrides and all(f in overrides for f in fields):  # the overrides alone are at fault
+            where = "override " + ", ".join(sorted({repr(overrides[f]) for f in fields})) + f" (on {source})"
+        elif overrides:  # the file, or the file and the overrides together
+            where = f"{source} with override " + ", ".join(repr(o) for o in overrides.values())
+        else:
+            where = source
+        raise RecipeError(f"{where}: invalid recipe\n" + "\n".join(lines)) from None
 
 
-def format_errors(err: ValidationError) -> str:
+def _error_fields(lines: list[str]) -> list[str]:
+    return [line.strip().split(":", 1)[0] for line in lines]
+
+
+def format_errors(err: ValidationError) -> list[str]:
     """One line per problem, each starting with the dotted field path."""
     lines = []
     for item in err.errors():
         field = ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key (not in the recipe schema)"
+            message = "unknown key (not in the recipe schema)" + _nearest_fields(item["loc"])
         elif "input" in item and item["type"].endswith("_type"):
             message += f" (got {type(item['input']).__name__} {item['input']!r})"
         lines.extend(f"  {field}: {m}" if field else f"  {m}" for m in message.splitlines())
-    return "\n".join(lines)
+    return lines
 
 
-def apply_override(data: dict, override: str) -> None:
+def _nearest_fields(loc: tuple) -> str:
+    """'; did you mean lr?' from the schema section that holds the unknown key."""
+    import difflib
+
+    model = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        model = getattr(field, "annotation", None) if field else None
+        if not (isinstance(model, type) and hasattr(model, "model_fields")):
+            return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+
+
+def apply_override(data: dict, override: str) -> str:
+    """Set ``dotted.field=value`` in ``data`` (the value read as YAML, ``1e-6`` a number); returns the field."""
     if "=" not in override:
         raise RecipeError(f"override {override!r}: expected dotted.field=value")
     dotted, raw = override.split("=", 1)
@@ -78,7 +127,11 @@ def apply_override(data: dict, override: str) -> None:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise RecipeError(f"override {override!r}: {key} is not a section")
-    node[keys[-1]] = yaml.safe_load(raw)
+    try:
+        node[keys[-1]] = read_yaml(raw)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"override {override!r}: the value is not valid YAML ({err.problem})") from None
+    return ".".join(keys)
 
 
 def dump_recipe(recipe: Recipe, path: str | os.PathLike) -> Path:

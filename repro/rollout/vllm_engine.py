@@ -135,6 +135,15 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
     return args
 
 
+def vllm_sampling_kwargs(params: SamplingParams, eos_id: int, max_tokens: int, seed: int) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keyword arguments of one prompt's request (``n`` samples; vLLM seeds child i of an
+    n-sample request with ``seed + i``). Only the sampled token's log-prob is asked for; EOS is a stop token
+    kept in the output; no detokenisation (the reward decodes with our own tokenizer)."""
+    return dict(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else 0, max_tokens=max_tokens, seed=seed, logprobs=0,
+                stop_token_ids=[eos_id], ignore_eos=False, detokenize=False, skip_special_tokens=False)
+
+
 def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape, from the safetensors headers (no tensor is read)."""
     from safetensors import safe_open
@@ -202,13 +211,8 @@ class VLLMEngine:
         start = time.perf_counter()
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [
-            VSamplingParams(
-                n=params.n, temperature=params.temperature, top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else 0,
-                max_tokens=min(params.max_new_tokens, self.max_context - len(p)),
-                seed=params.seed + index, logprobs=0, stop_token_ids=[self.eos_id], ignore_eos=False,
-                detokenize=False, skip_special_tokens=False,
-            )
+            VSamplingParams(**vllm_sampling_kwargs(params, self.eos_id, min(params.max_new_tokens, self.max_context - len(p)),
+                                                   params.seed + index))
             for index, p in enumerate(prompts)
         ]
         if self.routing_layers:

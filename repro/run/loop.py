@@ -10,7 +10,8 @@ Where this departs from the published run, and why: on a CPU the trainer is the 
 the rollout the embedded engine (the Megatron-core and vLLM backends implement the same calls); everything
 else -- batch shape, loss, correction, replay, sync, checkpoint cadence, metrics -- is the recipe's.
 
-Launch:  repro run --recipe tiny-cpu [--steps N] [--resume] [--run-dir DIR];  repro smoke  (3 steps)
+Launch:  repro run --recipe tiny-cpu [--steps N] [--resume] [--run-dir DIR];  repro smoke  (3 steps);
+         the notebooks 02/03; all through repro.run.start.run_recipe
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from repro.run.state import Run
 from repro.run.steps import (
     StepClock, evaluate_and_log, generate_rollouts, log_step, make_train_batch, mismatch_metrics,
-    rescore_with_replay, save_checkpoint_now, score_rollouts, sync_weights, update_actor,
+    rescore_with_replay, save_checkpoint_now, score_rollouts, sync_weights,
 )
 
 
@@ -32,12 +33,12 @@ def train(run: Run) -> None:
         problems = run.sampler.next_batch()
         rollout = clock.time("rollout", generate_rollouts, run, problems, step)
         rewards = clock.time("reward", score_rollouts, run, problems, rollout)
-        batch = make_train_batch(run, rollout, rewards)
-        clock.time("old_logprob", rescore_with_replay, run, batch)
+        grouped = make_train_batch(run, rollout, rewards)
+        batch = clock.time("old_logprob", rescore_with_replay, run, grouped.batch)
         mismatch = mismatch_metrics(run, batch)
-        update = clock.time("update", update_actor, run, batch)
-        sync = clock.time("sync", sync_weights, run, step)
-        log_step(run, step, clock, rollout, rewards, mismatch, update, sync)
+        update = clock.time("update", run.trainer.train_step, batch)
+        sync = clock.time("sync", sync_weights, run.trainer, run.rollout, step)
+        log_step(run, step, clock, rollout, rewards, grouped, mismatch, update, sync)
         if step % recipe.eval.every_steps == 0 or step == recipe.steps:
             evaluate_and_log(run, step)
         if step % recipe.checkpoint.every_steps == 0 or step == recipe.steps:

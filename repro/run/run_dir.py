@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
-
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
 from repro.data.sampler import PromptSampler
@@ -22,9 +20,8 @@ from repro.data.recipe_datasets import load_dataset, prompt_ids
 from repro.errors import ReproError
 from repro.run.metrics_log import MetricsLog
 from repro.recipes import dump_recipe, require_paths, resolve_path
-from repro.run.state import Group, LocalGroup, Run
-
-GroupFactory = Callable[[Recipe, Path, Path], tuple[Group, Group]]
+from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.run.state import Run
 
 
 def checkpoint_bytes(recipe: Recipe) -> int:
@@ -67,26 +64,27 @@ def resolve_model_dir(recipe: Recipe) -> Path:
     return require_paths(recipe, ("model.path",))["model.path"]
 
 
-def local_groups(recipe: Recipe, model_dir: Path, run_dir: Path) -> tuple[Group, Group]:
-    """Trainer and rollout in this process (tests; the CLI places them with Ray)."""
-    from repro.groups.workers import RolloutWorker, TrainerWorker
+def check_inputs(recipe: Recipe, run_dir: Path, resume: bool) -> Path:
+    """Everything that can fail before a worker starts: the run directory, the data paths, the model folder.
+    Returns the model folder."""
+    prepare_run_dir(recipe, run_dir, resume)
+    if recipe.data.train.path or recipe.data.eval.path:
+        require_paths(recipe, ("data.train.path", "data.eval.path"))
+    return resolve_model_dir(recipe)
 
-    return LocalGroup(TrainerWorker(recipe, model_dir), "trainer"), LocalGroup(RolloutWorker(recipe, model_dir), "rollout")
 
-
-def open_run(recipe: Recipe, run_dir: str | Path, resume: bool = False, groups: GroupFactory = local_groups) -> Run:
+def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout: RolloutGroup,
+             resume: bool = False) -> Run:
+    """The run over started groups: data loaded, and with ``resume`` the newest complete checkpoint restored
+    (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout."""
     from repro.model.hf_folder import load_tiny_tokenizer
     from repro.run.steps import sync_weights
 
     run_dir = Path(run_dir)
-    prepare_run_dir(recipe, run_dir, resume)
-    if recipe.data.train.path or recipe.data.eval.path:
-        require_paths(recipe, ("data.train.path", "data.eval.path"))
     model_dir = resolve_model_dir(recipe)
     tokenizer = load_tiny_tokenizer(model_dir)
     train = load_dataset(recipe.data.train, run_dir / "data", seed=recipe.seed)
     held_out = load_dataset(recipe.data.eval, run_dir / "data", seed=recipe.seed)
-    trainer, rollout = groups(recipe, model_dir, run_dir)
     run = Run(
         recipe=recipe, run_dir=run_dir, trainer=trainer, rollout=rollout, tokenizer=tokenizer,
         train_problems=train, train_prompt_ids=[prompt_ids(tokenizer, p, recipe.data.train.template) for p in train],
@@ -100,13 +98,13 @@ def open_run(recipe: Recipe, run_dir: str | Path, resume: bool = False, groups: 
             run.metrics.path.unlink(missing_ok=True)  # killed before the first checkpoint: start over cleanly
             return run
         state = checkpoint.loop_state()
-        trainer.call("load", str(checkpoint.trainer_dir))
+        trainer.load(checkpoint.trainer_dir)
         run.sampler.load_state(state["sampler"])
         restore_driver_rng(state["driver_rng"])
         saved_log = checkpoint.path / "metrics.jsonl"
         tmp = run.metrics.path.with_name("metrics.jsonl.tmp")
         shutil.copyfile(saved_log, tmp) if saved_log.exists() else tmp.write_text("")
         tmp.replace(run.metrics.path)  # the log as it stood at the checkpoint: no lost or repeated step
-        sync_weights(run, state["weight_version"])
+        sync_weights(trainer, rollout, state["weight_version"])
         run.start_step = checkpoint.step
     return run

@@ -1,51 +1,34 @@
-"""Everything one run holds between steps, and the two ways a worker group is reached.
+"""Everything one run holds between steps: long-lived handles only (the groups, the data, the log).
 
-A group is anything with ``call(method, *args)`` (run it, return the result) and ``submit(method, *args)``
-(start it; the result may be handed straight to another group's ``call``, which with Ray moves the data
-worker-to-worker without passing through the driver). ``LocalGroup`` runs in-process (tests);
-``repro.cluster`` provides the Ray-backed group the CLI uses.
+The two groups are reached through ``repro.groups.protocol``: in this process (``repro.groups.workers``) or as
+Ray actors (``repro.groups.ray_groups``); the loop cannot tell which.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from repro.recipes.schema import Recipe
 from repro.data.records import MathProblem
 from repro.data.sampler import PromptSampler
+from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.recipes.schema import Recipe
 from repro.run.metrics_log import MetricsLog
 
-
-class Group(Protocol):
-    def call(self, method: str, *args: Any) -> Any: ...
-
-    def submit(self, method: str, *args: Any) -> Any: ...
-
-
-class LocalGroup:
-    """A worker object in this process, behind the group interface."""
-
-    def __init__(self, worker: Any, name: str):
-        self.worker, self.name = worker, name
-
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.worker, method)(*args)
-
-    submit = call
+Progress = Callable[[int, dict], None]
 
 
 def no_progress(step: int, row: dict) -> None:
-    """The default progress sink: nothing (the CLI passes a tqdm bar instead)."""
+    """The default progress sink: nothing (the CLI passes a tqdm bar, notebook 03 a live plot)."""
 
 
 @dataclass
 class Run:
     recipe: Recipe
     run_dir: Path
-    trainer: Group
-    rollout: Group
+    trainer: TrainerGroup
+    rollout: RolloutGroup
     tokenizer: Any
     train_problems: list[MathProblem]
     train_prompt_ids: list[list[int]]
@@ -54,7 +37,8 @@ class Run:
     sampler: PromptSampler
     metrics: MetricsLog
     start_step: int = 0
-    progress: Callable[[int, dict], None] = field(default=no_progress)
+    progress: Progress = field(default=no_progress)
+    warmup_s: float | None = None  # starting the groups; logged once, on the first row this process writes
 
     @property
     def checkpoint_dir(self) -> Path:

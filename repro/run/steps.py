@@ -1,17 +1,23 @@
-"""The named calls of one RL step (repro/run/loop.py reads as a list of them). Each takes the ``Run``."""
+"""The named calls of one RL step (``repro.run.loop`` reads as a list of them).
+
+Each takes what it needs explicitly and returns what it made; none writes into another object. The groups are
+reached through their protocol (``repro.groups.protocol``), the same in this process and on Ray.
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from repro import metric_keys as K
 from repro.algos import grpo_advantages, rollout_corr_metrics
-from repro.run.checkpoints import driver_rng_state, save_checkpoint
+from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.reward import RewardResult, accuracy, mean_score, score_response
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams
+from repro.run.checkpoints import driver_rng_state, save_checkpoint
 from repro.run.state import Run
 from repro.sync import SyncStats
 from repro.train.batch import TrainBatch, build_batch
@@ -45,7 +51,7 @@ def generate_rollouts(run: Run, problems: list[int], step: int) -> RolloutResult
         n=r.algorithm.responses_per_prompt, temperature=r.rollout.temperature, top_p=r.rollout.top_p,
         top_k=r.rollout.top_k, max_new_tokens=r.lengths.max_response, seed=sampling_seed(r.seed, step, "train"),
     )
-    return run.rollout.call("generate", [run.train_prompt_ids[i] for i in problems], params)
+    return run.rollout.generate([run.train_prompt_ids[i] for i in problems], params)
 
 
 def score_texts(run: Run, rollout: RolloutResult, ground_truths: list[str]) -> list[RewardResult]:
@@ -60,18 +66,28 @@ def score_rollouts(run: Run, problems: list[int], rollout: RolloutResult) -> lis
     return score_texts(run, rollout, [run.train_problems[i].ground_truth for i in problems])
 
 
-def make_train_batch(run: Run, rollout: RolloutResult, rewards: list[RewardResult]) -> TrainBatch:
+@dataclass(frozen=True)
+class GroupedBatch:
+    """The padded batch with its GRPO advantages, and how many prompt groups scored all alike (advantage 0)."""
+
+    batch: TrainBatch
+    zero_variance_groups: int
+
+
+def make_train_batch(run: Run, rollout: RolloutResult, rewards: list[RewardResult]) -> GroupedBatch:
     """GRPO advantages over each prompt's group, then the padded batch (routing kept for R3)."""
     group = run.recipe.algorithm.responses_per_prompt
     scores = torch.tensor([r.score for r in rewards], dtype=torch.float32).view(-1, group)
-    advantages = grpo_advantages(scores, norm_by_std=run.recipe.algorithm.norm_adv_by_std).advantages.reshape(-1)
-    return build_batch(rollout.trajectories, advantages, run.tokenizer.pad_token_id, run.recipe.routing_replay.enabled)
+    grouped = grpo_advantages(scores, norm_by_std=run.recipe.algorithm.norm_adv_by_std)
+    batch = build_batch(rollout.trajectories, grouped.advantages.reshape(-1), run.tokenizer.pad_token_id,
+                        run.recipe.routing_replay.enabled)
+    return GroupedBatch(batch, grouped.num_zero_variance_groups)
 
 
-def rescore_with_replay(run: Run, batch: TrainBatch) -> None:
-    """π_old: the trainer's own log-probs of the sampled tokens, with the rollout's experts replayed (R3)."""
-    result = run.trainer.call("logprobs", batch, run.recipe.routing_replay.enabled)
-    batch.old_logprobs = result.logprobs
+def rescore_with_replay(run: Run, batch: TrainBatch) -> TrainBatch:
+    """π_old: ``batch`` with the trainer's own log-probs of the sampled tokens, the rollout's experts replayed (R3)."""
+    result = run.trainer.logprobs(batch, run.recipe.routing_replay.enabled)
+    return replace(batch, old_logprobs=result.logprobs)
 
 
 def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
@@ -82,47 +98,47 @@ def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
     )
 
 
-def update_actor(run: Run, batch: TrainBatch) -> dict[str, float]:
-    return run.trainer.call("train_step", batch)
-
-
-def sync_weights(run: Run, version: int) -> SyncStats:
+def sync_weights(trainer: TrainerGroup, rollout: RolloutGroup, version: int) -> SyncStats:
     """Trainer -> rollout in buckets; the rollout verifies the whole set, re-quantises to FP8 and swaps."""
-    buckets = run.trainer.submit("weight_buckets", version)
-    return run.rollout.call("apply_buckets", buckets, version)
+    return rollout.receive_weights(trainer.send_weights(version), version)
 
 
-def _zero_variance_groups(rewards: list[RewardResult], group: int) -> int:
-    scores = [r.score for r in rewards]
-    return sum(len(set(scores[i : i + group])) == 1 for i in range(0, len(scores), group))
-
-
-def log_step(run: Run, step: int, clock: StepClock, rollout: RolloutResult, rewards, mismatch, update, sync) -> dict:
+def log_step(run: Run, step: int, clock: StepClock, rollout: RolloutResult, rewards: list[RewardResult],
+             grouped: GroupedBatch, mismatch: dict, update: dict, sync: SyncStats) -> dict:
     lengths = [len(t.response_ids) for t in rollout.trajectories]
     row = {
-        "kind": "train",
-        "step": step,
-        "reward/accuracy": accuracy(rewards),
-        "critic/score/mean": mean_score(rewards),
-        "grpo/zero_variance_groups": _zero_variance_groups(rewards, run.recipe.algorithm.responses_per_prompt),
-        "response_length/mean": sum(lengths) / len(lengths),
-        "response_length/max": max(lengths),
-        "response_length/clip_ratio": sum(t.finish_reason is FinishReason.LENGTH for t in rollout.trajectories) / len(lengths),
-        "perf/rollout_tokens_per_s": rollout.tokens_per_s,
-        "perf/generated_tokens": rollout.generated_tokens,
+        K.KIND: "train",
+        K.STEP: step,
+        K.ACCURACY: accuracy(rewards),
+        K.SCORE: mean_score(rewards),
+        K.ZERO_VARIANCE_GROUPS: grouped.zero_variance_groups,
+        K.RESPONSE_LENGTH: sum(lengths) / len(lengths),
+        K.RESPONSE_LENGTH_MAX: max(lengths),
+        K.RESPONSE_CLIP_RATIO: sum(t.finish_reason is FinishReason.LENGTH for t in rollout.trajectories) / len(lengths),
+        K.THROUGHPUT: rollout.tokens_per_s,
+        K.GENERATED_TOKENS: rollout.generated_tokens,
         **mismatch,
         **update,
-        "weight_sync/gbps": sync.gbps,
-        "weight_sync/seconds": sync.seconds,
-        "weight_sync/bytes": sync.nbytes,
-        "weight_sync/buckets": sync.buckets,
-        "weight_sync/version": sync.version,
-        **{f"timing_s/{phase}": seconds for phase, seconds in clock.seconds.items()},
-        "timing_s/step": clock.total(),
+        K.SYNC_GBPS: sync.gbps,
+        K.SYNC_SECONDS: sync.seconds,
+        K.SYNC_BYTES: sync.nbytes,
+        K.SYNC_BUCKETS: sync.buckets,
+        K.SYNC_VERSION: sync.version,
+        **{K.timing_key(phase): seconds for phase, seconds in clock.seconds.items()},
+        K.STEP_SECONDS: clock.total(),
+        **warmup_once(run),
     }
     run.metrics.append(row)
     run.progress(step, row)
     return row
+
+
+def warmup_once(run: Run) -> dict[str, float]:
+    """The groups' start-up time, on the first row this process logs only (it is not a step's or an eval's)."""
+    if run.warmup_s is None:
+        return {}
+    seconds, run.warmup_s = run.warmup_s, None
+    return {K.WARMUP_SECONDS: seconds}
 
 
 def evaluate_and_log(run: Run, step: int) -> dict:
@@ -133,18 +149,19 @@ def evaluate_and_log(run: Run, step: int) -> dict:
         n=r.eval.samples_per_problem, temperature=r.eval.temperature, top_p=r.eval.top_p,
         max_new_tokens=r.lengths.max_response, seed=sampling_seed(r.seed, step, "eval"),
     )
-    rollout = run.rollout.call("generate", run.eval_prompt_ids, params)
+    rollout = run.rollout.generate(run.eval_prompt_ids, params)
     results = score_texts(run, rollout, [p.ground_truth for p in run.eval_problems])
     k = r.eval.samples_per_problem
     correct = [sum(x.acc for x in results[i : i + k]) for i in range(0, len(results), k)]
     row = {
-        "kind": "eval",
-        "step": step,
-        f"eval/avg@{k}": sum(correct) / (k * len(correct)),
-        "eval/correct_counts": correct,
-        "eval/num_problems": len(correct),
-        "eval/samples_per_problem": k,
-        "timing_s/eval": time.perf_counter() - start,
+        K.KIND: "eval",
+        K.STEP: step,
+        K.eval_avg_key(k): sum(correct) / (k * len(correct)),
+        K.CORRECT_COUNTS: correct,
+        K.NUM_PROBLEMS: len(correct),
+        K.SAMPLES_PER_PROBLEM: k,
+        K.EVAL_SECONDS: time.perf_counter() - start,
+        **warmup_once(run),
     }
     details = [
         {"uid": p.uid, "problem": p.problem, "answer": p.ground_truth, "correct": c,
@@ -154,20 +171,12 @@ def evaluate_and_log(run: Run, step: int) -> dict:
     path = run.run_dir / "eval" / f"step_{step:06d}.json"
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, **{k2: v for k2, v in row.items() if k2 != "kind"}, "problems": details}, indent=1))
+    tmp.write_text(json.dumps({"step": step, **{k2: v for k2, v in row.items() if k2 != K.KIND}, "problems": details}, indent=1))
     tmp.replace(path)
     run.metrics.append(row)
     return row
 
 
-@dataclass
-class _TrainerSaver:
-    run: Run
-
-    def save(self, directory):
-        return self.run.trainer.call("save", str(directory))
-
-
 def save_checkpoint_now(run: Run, step: int) -> None:
     state = {"sampler": run.sampler.state(), "driver_rng": driver_rng_state(), "weight_version": step}
-    save_checkpoint(run.checkpoint_dir, step, _TrainerSaver(run), state, run.metrics.path, run.recipe.checkpoint.keep_last)
+    save_checkpoint(run.checkpoint_dir, step, run.trainer, state, run.metrics.path, run.recipe.checkpoint.keep_last)

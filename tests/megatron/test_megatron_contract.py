@@ -40,13 +40,8 @@ from repro.recipes.schema import AlgorithmConfig, OptimConfig, RolloutCorrection
 from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE  # noqa: E402
 from repro.rollout.types import FinishReason, Trajectory  # noqa: E402
 from repro.train.batch import TrainBatch, build_batch  # noqa: E402
-from repro.train.megatron.trainer import (  # noqa: E402
-    MegatronTrainer,
-    load_weights,
-    moe_routers,
-    record_routing,
-    weight_state,
-)
+from repro.train.megatron.model import load_weights, moe_routers, record_routing, weight_state  # noqa: E402
+from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
 from repro.train.megatron.tiny import build_tiny_gpt_moe  # noqa: E402
 
 TEMPERATURE = contract.TEMPERATURE

@@ -17,7 +17,8 @@ import torch  # noqa: E402
 from repro.model.hf_folder import load_tiny_model  # noqa: E402
 from repro.recipes import load_recipe  # noqa: E402
 from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe  # noqa: E402
-from repro.train.megatron.trainer import MegatronTrainer, forward_logits, record_routing  # noqa: E402
+from repro.train.megatron.model import forward_logits, record_routing  # noqa: E402
+from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
 from test_megatron_contract import one_thread  # noqa: E402,F401
 
 

@@ -58,26 +58,30 @@ def reference():
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, reference):
     from repro.cluster.placement import TRAINER, create_placement_groups, plan_placement
-    from repro.groups.ray_ranks import start_ranks
+    import ray
+
+    from repro.groups.ray_groups import start_trainer_ranks
 
     batch, before, metrics, weights, after = reference
     recipe = recipe_for(LAYOUTS[layout], 2)
     placed = create_placement_groups(plan_placement(recipe), timeout_s=60)
     try:
-        group = start_ranks(placed, TRAINER, "repro.groups.workers:TrainerWorker", (recipe.model_dump(mode="json"), ""),
-                            per_node=2, env={"OMP_NUM_THREADS": "1"})
-        lp = group.call("logprobs", batch, True, timeout_s=300)
+        group = start_trainer_ranks(placed, recipe, "", per_node=2, env={"OMP_NUM_THREADS": "1"})
+        group.timeout_s = 300
+        lp = group.logprobs(batch, True)
         torch.testing.assert_close(lp.logprobs, before, atol=2e-5, rtol=0)
         batch.old_logprobs = before.clone()
-        got = group.call("train_step", batch, timeout_s=300)
+        got = group.train_step(batch)
         for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
             assert got[key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
         assert got["actor/grad_norm"] > 0.05  # the clip acted: the global norm, not a rank's, set its scale
-        buckets = group.call("weight_buckets", 1, timeout_s=300)
+        sent = group.send_weights(1)
+        buckets = ray.get(sent.buckets, timeout=300)
+        assert ray.get(sent.peers, timeout=300) == [[]]  # rank 1 took part in the gather and keeps nothing
         synced = {name: t for b in buckets for name, t in b.tensors.items()}
         assert sorted(synced) == sorted(weights)  # every full weight exactly once, full names
         for name, tensor in weights.items():
             torch.testing.assert_close(synced[name], tensor, atol=2e-6, rtol=0, msg=name)
-        torch.testing.assert_close(group.call("logprobs", batch, True).logprobs, after, atol=2e-5, rtol=0)
+        torch.testing.assert_close(group.logprobs(batch, True).logprobs, after, atol=2e-5, rtol=0)
     finally:
         placed.remove()

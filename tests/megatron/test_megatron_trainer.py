@@ -11,7 +11,8 @@ import torch  # noqa: E402
 from repro.recipes.schema import OptimConfig  # noqa: E402
 from repro.recipes import load_recipe  # noqa: E402
 from repro.train.base import TrainerError  # noqa: E402
-from repro.train.megatron.trainer import MegatronTrainer, record_routing  # noqa: E402
+from repro.train.megatron.model import record_routing  # noqa: E402
+from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
 from repro.train.megatron.tiny import build_tiny_gpt_moe  # noqa: E402
 from test_megatron_contract import MODEL_SEED, make_megatron_batch, one_thread  # noqa: E402,F401
 
@@ -33,7 +34,7 @@ def test_bf16_trainer_exports_bf16_weights_and_keeps_fp32_masters(tmp_path):
 def test_export_names_maps_the_synced_weights():
     model = build_tiny_gpt_moe(seed=MODEL_SEED)
     trainer = MegatronTrainer(model, export_names=lambda w: {f"policy.{k}": v for k, v in w.items()})
-    from repro.train.megatron.trainer import weight_state
+    from repro.train.megatron.model import weight_state
 
     assert {name for name, _ in trainer.named_weights()} == {f"policy.{k}" for k in weight_state(model)}
 

@@ -18,7 +18,7 @@ def test_rollout_worker_serves_vllm_and_applies_buckets(model_dir, recipe):
         before = worker.generate([[BOS_ID, 3, 4]], params)
         weights = checkpoint_tensors(model_dir)
         weights["model.norm.weight"] = weights["model.norm.weight"] * 3  # a different policy
-        stats = worker.apply_buckets(make_buckets(weights.items(), bucket_bytes=256 * 1024, version=1), version=1)
+        stats = worker.receive_weights(make_buckets(weights.items(), bucket_bytes=256 * 1024, version=1), version=1)
         assert stats.tensors == len(weights) and stats.buckets > 1 and worker.weight_version() == 1
         after = worker.generate([[BOS_ID, 3, 4]], params)
         assert not torch.equal(before.trajectories[0].logprobs[:1], after.trajectories[0].logprobs[:1])

@@ -2,7 +2,7 @@
 
 Parts:
 
-  ``megatron_layout(recipe)``   pure: the recipe's actor/optim/routing sections -> keyword arguments of
+  ``megatron_layout(recipe)``   (``repro.train.megatron.config``) pure: the recipe's actor/optim/routing sections -> keyword arguments of
                                 ``parallel_state.initialize_model_parallel``, ``TransformerConfig``,
                                 ``OptimizerConfig`` and ``DistributedDataParallelConfig`` (AMD: TP4/PP4/EP4/ETP1,
                                 sequence parallel, full recompute, bf16, distributed optimizer offloaded to CPU).
@@ -10,8 +10,8 @@ Parts:
   ``MegatronTrainer``           the ``Trainer`` protocol on one trainer rank. The update (decoupled TIS weights
                                 fixed up front, zero-advantage rows skipped but counted, token-budget micro-batches
                                 each weighted by its share of the update's normaliser, global-norm clip, fp32-master
-                                AdamW with warm-up) is the ``EmbeddedTrainer``'s, so both backends compute the one
-                                loss of ``repro.algos``; this class runs it through megatron's forward/backward
+                                AdamW with warm-up) is ``repro.train.grpo_update``, which both backends compose, so
+                                both compute the one loss of ``repro.algos``; this class runs it through megatron's forward/backward
                                 schedule (1F1B across pipeline stages), scores a vocabulary split over TP ranks,
                                 reduces gradients over DP and takes the clip norm over all model-parallel ranks
                                 (``repro.train.megatron.parallel``), and exports full weights for the sync.
@@ -43,126 +43,26 @@ from typing import Callable, Iterator
 import torch
 
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
-from repro.train.base import TrainerError
-from repro.train.batch import TrainBatch
-from repro.train.base import LogprobResult
-from repro.train.batch import micro_batches, padded_to_multiple
+from repro.train.base import LogprobResult, TrainerError
+from repro.train.batch import TrainBatch, micro_batches, padded_to_multiple
 from repro.train.batch_checks import check_batch
-from repro.train.embedded import EmbeddedTrainer, _UpdateStats, recipe_settings
+from repro.train.embedded import cast_for_training
+from repro.train.grpo_update import (
+    DTYPES, GRPOUpdate, UpdateStats, check_settings, recipe_settings, run_train_step,
+)
 from repro.train.megatron.config import megatron_layout
+from repro.train.optimizer import MasterAdamW
 from repro.train.megatron.parallel import (
     RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
+from repro.train.megatron.model import (
+    detach_from_global_replay_list, sequence_first, forward_logits, load_weights, moe_routers, weight_state,
+)
 
 
-
-def _detach_from_global_replay_list(model: torch.nn.Module) -> None:
-    """Drop this model's routers from megatron's process-global ``RouterReplay`` list (the trainer drives each
-    instance itself; the global list would otherwise mix every model built in the process)."""
-    from megatron.core.transformer.moe.router_replay import RouterReplay
-
-    mine = {id(m.router_replay) for m in model.modules() if getattr(m, "router_replay", None) is not None}
-    RouterReplay.global_router_replay_instances[:] = [
-        r for r in RouterReplay.global_router_replay_instances if id(r) not in mine
-    ]
-
-
-@dataclass
-class _Router:
-    """One top-k MoE router of the model: what ``check_batch`` reads (``top_k``) plus the megatron module."""
-
-    module: torch.nn.Module
-    top_k: int
-    num_experts: int
-
-
-def moe_routers(model: torch.nn.Module) -> dict[int, _Router]:
-    """Global layer index (0-based) -> top-k router of every MoE layer with routing replay enabled."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    routers = {}
-    for layer in model.decoder.layers:
-        router = getattr(getattr(layer, "mlp", None), "router", None)
-        if isinstance(router, TopKRouter):
-            if router.router_replay is None:
-                raise TrainerError(f"layer {layer.layer_number - 1}: router built without moe_enable_routing_replay")
-            routers[layer.layer_number - 1] = _Router(router, router.topk, router.config.num_moe_experts)
-    if not routers:
-        raise TrainerError(f"{type(model).__name__} has no megatron TopKRouter (no MoE layer to route)")
-    return routers
-
-
-def _model_inputs(input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    rows, width = input_ids.shape
-    position_ids = torch.arange(width, device=input_ids.device).unsqueeze(0).expand(rows, width)
-    # megatron's default causal mask is allocated on "cuda"; an explicit one (True = masked) works anywhere
-    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=input_ids.device), diagonal=1)
-    return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": causal[None, None]}
-
-
-def forward_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T, V] logits of a megatron ``GPTModel`` (causal, positions 0..T-1)."""
-    return model(**_model_inputs(input_ids))
-
-
-def _sequence_first(table: torch.Tensor, sequence_parallel: bool) -> torch.Tensor:
-    """[B, T, k] -> megatron's [T * B, k] token order, this rank's sequence chunk under sequence parallelism."""
-    from megatron.core import parallel_state
-
-    k = table.shape[-1]
-    per_token = table.transpose(0, 1)
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    if sequence_parallel and tp > 1:
-        # under SP each TP rank routes its own T/tp slice of the sequence (untested at world size 1)
-        per_token = per_token.chunk(tp, dim=0)[parallel_state.get_tensor_model_parallel_rank()]
-    return per_token.reshape(-1, k).contiguous()
-
-
-def record_routing(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """One forward with every router recording: ([B, T, V] logits, layer -> [B, T, top_k] int64 experts)."""
-    from megatron.core.transformer.moe.router_replay import RouterReplayAction
-
-    routers = moe_routers(model)
-    for r in routers.values():
-        r.module.router_replay.clear_indices()
-        r.module.router_replay.set_router_replay_action(RouterReplayAction.RECORD)
-    try:
-        logits = forward_logits(model, input_ids)
-        rows, width = input_ids.shape
-        indices = {}
-        for layer, r in routers.items():
-            recorded = r.module.router_replay.get_recorded_indices()
-            indices[layer] = recorded.detach().view(width, rows, -1).transpose(0, 1).to(torch.int64).contiguous()
-    finally:
-        for r in routers.values():
-            r.module.router_replay.clear_router_replay_action()
-            r.module.router_replay.clear_indices()
-    return logits, indices
-
-
-def weight_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict without megatron's ``_extra_state`` entries (None or bytes, not weights)."""
-    return {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
-
-
-def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str = "weights") -> None:
-    """Load ``weight_state``-style tensors into ``model``: every weight must be present and known."""
-    missing = sorted(set(weight_state(model)) - set(weights))
-    unknown = sorted(set(weights) - set(weight_state(model)))
-    if missing or unknown:
-        raise TrainerError(f"{source} does not fit the model: missing {missing[:3]}, unknown {unknown[:3]}")
-    try:
-        model.load_state_dict(weights, strict=False)
-    except RuntimeError as err:
-        raise TrainerError(f"{source} does not fit the model: {err}") from err
-
-
-# ---- the trainer -------------------------------------------------------------------------------------------
-
-
-class MegatronTrainer(EmbeddedTrainer):
+class MegatronTrainer:
     """GRPO trainer on a megatron-core model, one instance per trainer rank (see the module docstring).
 
     Args:
@@ -172,7 +72,7 @@ class MegatronTrainer(EmbeddedTrainer):
         parallel_state: ``megatron_layout(recipe)["parallel_state"]``; default all 1 (one CPU process).
         export_names: optional ``dict -> dict`` applied to the full weights ``named_weights`` yields, e.g.
             ``repro.train.megatron.dsv4_names.megatron_state_to_hf`` for a DSV4 model whose rollout wants HF names.
-        The other arguments are the embedded trainer's.
+        The other arguments are ``EmbeddedTrainer``'s (``repro.train.grpo_update.recipe_settings``).
     """
 
     def __init__(
@@ -194,16 +94,27 @@ class MegatronTrainer(EmbeddedTrainer):
         ensure_model_parallel(parallel_state or dict(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
             expert_tensor_parallel_size=1, context_parallel_size=1))
-        _detach_from_global_replay_list(model)
+        detach_from_global_replay_list(model)
         # the schedule must not divide our losses (each is already its share of the update) and, across pipeline
         # stages, must send each micro-batch's own shape (token-budget micro-batches differ in rows and width)
         model.config.calculate_per_token_loss = True
         model.config.variable_seq_lengths = True
         self.export_names = export_names
-        self._setup(model, moe_routers, "megatron", optim=optim, algorithm=algorithm,
-                    rollout_correction=rollout_correction, dtype=dtype, max_tokens=max_tokens_per_micro_batch,
-                    temperature=temperature, replay_routing=replay_routing,
-                    skip_zero_advantage_rows=skip_zero_advantage_rows, seed=seed)
+        self.optim = optim or OptimConfig()
+        self.grpo = GRPOUpdate(algorithm or AlgorithmConfig(), rollout_correction or RolloutCorrectionConfig(),
+                               skip_zero_advantage_rows)
+        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.grpo.algorithm, "megatron")
+        self.dtype_name, self.dtype = dtype, DTYPES[dtype]
+        self.max_tokens = max_tokens_per_micro_batch
+        self.temperature = temperature
+        self.replay_routing = replay_routing
+        torch.manual_seed(seed)
+        self.model = cast_for_training(model, dtype)
+        self.routers = moe_routers(model)
+        self.opt = MasterAdamW(model, self.optim)
+        self.opt.zero_grad()
+        self.step = 0      # completed train_step calls
+        self.updates = 0   # completed optimizer updates (drives the warm-up)
 
     @classmethod
     def from_recipe(
@@ -232,7 +143,7 @@ class MegatronTrainer(EmbeddedTrainer):
             replay_state = r.module.router_replay
             replay_state.clear_indices()
             if replay:
-                replay_state.set_target_indices(_sequence_first(micro.routing[layer], self.model.config.sequence_parallel))
+                replay_state.set_target_indices(sequence_first(micro.routing[layer], self.model.config.sequence_parallel))
                 replay_state.replay_backward_list = []  # REPLAY_FORWARD serves recompute too; no second copy
                 replay_state.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
             else:
@@ -301,26 +212,43 @@ class MegatronTrainer(EmbeddedTrainer):
             start += rows
         return LogprobResult(logprobs, entropy)
 
-    def _accumulate_gradients(self, batch: TrainBatch) -> _UpdateStats:
-        """The embedded trainer's update (same rows, normalisers and per-micro-batch loss) through megatron's
-        schedule; data-parallel replicas each take their own slice of the forwarded rows."""
+    def _accumulate_gradients(self, batch: TrainBatch) -> UpdateStats:
+        """The GRPO update's loss over ``batch`` through megatron's schedule, backed into the gradients (zeroed
+        first); data-parallel replicas each take their own slice of the forwarded rows."""
         from megatron.core import parallel_state as ps
 
         self.opt.zero_grad()
-        stats = _UpdateStats()
-        plan = self._update_plan(batch, stats)
+        stats = UpdateStats()
+        plan = self.grpo.plan(batch, stats)
         if plan is not None:
-            rows, totals = plan
-            rows = rows.tensor_split(ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+            rows = plan.rows.tensor_split(ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
 
             def score(micro, logits):
                 logp = vocab_parallel_logprobs(logits, micro.targets, self.temperature)
                 entropy = vocab_parallel_entropy(logits.detach(), self.temperature)
-                return self._micro_loss(micro, logp, entropy, totals, stats)
+                return self.grpo.micro_loss(micro, logp, entropy, plan, stats)
 
             micros = lockstep_over_data_parallel(self._micro_batches(batch.rows(rows)), batch)
             self._schedule(micros, self.replay_routing, score, forward_only=False)
         return sum_over_data_parallel(from_last_stage(stats))
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """``updates_per_step`` updates on ``batch`` (collective: every rank calls it); the metrics of
+        ``EmbeddedTrainer.train_step``, ``actor/grad_norm`` the global pre-clip norm over all ranks."""
+        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="train_step")
+        metrics = run_train_step(self.grpo, self.optim, batch, self.updates, self._accumulate_gradients,
+                                 self._optimizer_step)
+        self.updates += len(self.grpo.row_groups(batch))
+        self.step += 1
+        return metrics
+
+    def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """name -> fp32 gradient of this rank's shard for the first update's loss on ``batch`` (unclipped)."""
+        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="gradients")
+        self._accumulate_gradients(batch.rows(self.grpo.row_groups(batch)[0]))
+        grads = {name: g.clone() for name, g in zip(self.opt.names, self.opt.master_grads())}
+        self.opt.zero_grad()
+        return grads
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Token-budget micro-batches; under sequence parallelism each padded to a width TP divides."""

@@ -1,6 +1,6 @@
-"""What the run notebooks (02, 03) call: the RL run with a progress hook, the log's train rows, a live plot.
+"""Progress sinks: what a run calls after every step with ``(step, row)`` (``Run.progress``).
 
-Kept apart from ``repro.notebooks`` (executing and chaining notebooks) so each file holds one job.
+``progress_bar`` is the command line's tqdm bar; ``LivePlot`` is notebook 03's figure, redrawn in place.
 """
 
 from __future__ import annotations
@@ -8,58 +8,46 @@ from __future__ import annotations
 import io
 import math
 import time
-from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
+
+from repro import metric_keys as K
 
 
+def progress_bar(total_steps: int):
+    """A tqdm bar over the run's steps: reward accuracy, the two KL estimates, ESS and rollout tokens/s."""
+    from tqdm.auto import tqdm  # a widget in JupyterLab, text in a terminal or a papermill log
 
-def run_recipe(recipe: str, run_dir: str | Path, steps: int | None = None, overrides: Iterable[str] = (), *,
-               in_process: bool = False, resume: bool | str = "auto", fresh: bool = False,
-               progress: Callable[[int, dict], None] | None = None) -> Path:
-    """The RL run as ``repro run`` does it (open the run, groups on Ray or in this process, train, write the
-    parquet copy), with ``progress(step, row)`` called after every step (a live plot, a bar).
+    bar = None
 
-    resume: True/False, or "auto" (resume when the run dir already holds a log, as ``make repro`` does).
-    fresh: delete the run dir first (the smoke run is a throwaway check).
-    """
-    import shutil
+    def update(step: int, row: dict) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total_steps, initial=step - 1, unit="step", dynamic_ncols=True)
+        bar.set_postfix({
+            "acc": f"{row.get(K.ACCURACY, math.nan):.3f}",
+            "kl_k1": f"{row.get(K.KL, math.nan):+.2e}",  # unbiased sample estimate: can be negative
+            "kl_k3": f"{row.get(K.K3_KL, math.nan):.2e}",  # never negative
+            "ess": f"{row.get(K.ESS, math.nan):.1%}",
+            "tok/s": f"{row.get(K.THROUGHPUT, math.nan):.0f}",
+        })
+        bar.update(step - bar.n)
 
-    from repro.run.loop import train
-    from repro.recipes import load_recipe
-    from repro.run.run_dir import local_groups, open_run
+    def close() -> None:
+        if bar is not None:
+            bar.close()
 
-    run_dir = Path(run_dir)
-    overrides = list(overrides) + ([f"steps={steps}"] if steps else [])
-    resolved = load_recipe(recipe, overrides)
-    if fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
-    if resume == "auto":
-        resume = (run_dir / "metrics.jsonl").exists()
-    cluster = None
-    if in_process:
-        groups = local_groups
-    else:
-        from repro.groups.ray_groups import RayGroups
-
-        cluster = RayGroups(resolved, run_dir)
-        groups = cluster.make_groups
-    try:
-        run = open_run(resolved, run_dir, resume=bool(resume), groups=groups)
-        if progress is not None:
-            run.progress = progress
-        train(run)
-        run.metrics.write_parquet()
-    finally:
-        if cluster is not None:
-            cluster.shutdown()
-    return run_dir
+    update.close = close
+    return update
 
 
-def train_rows(run_dir: str | Path):
-    """The run's training rows as a frame indexed by step (what the log holds, every key)."""
-    from repro.analysis import load_run
+def fan_out(*sinks):
+    """One progress sink that calls each of ``sinks`` in turn (a live plot and a bar)."""
 
-    return load_run(run_dir).train
+    def update(step: int, row: dict) -> None:
+        for sink in sinks:
+            sink(step, row)
+
+    return update
 
 
 class LivePlot:
@@ -92,11 +80,9 @@ class LivePlot:
             pass
 
     def _add(self, step: int, row: dict) -> None:
-        from repro.analysis.frame import ACCURACY, KL
-
         self.steps.append(int(step))
-        self.accuracy.append(float(row.get(ACCURACY, math.nan)))
-        self.kl.append(float(row.get(KL, math.nan)))
+        self.accuracy.append(float(row.get(K.ACCURACY, math.nan)))
+        self.kl.append(float(row.get(K.KL, math.nan)))
 
     def figure(self):
         from matplotlib.ticker import PercentFormatter

@@ -1,0 +1,53 @@
+"""What the loop can ask of its two groups: every call is a named method, the same in this process and on Ray.
+
+``repro.groups.workers`` implements both protocols in this process (``TrainerWorker``, ``RolloutWorker``: they
+build the backend and own the weight-sync side of it); ``repro.groups.ray_groups`` implements them over Ray
+actors that hold those same workers, one per trainer rank and one per rollout replica. The loop
+(``repro.run.loop``) and its steps see only these two protocols.
+
+Weight sync is two calls: ``trainer.send_weights(version)`` starts the trainer's side and returns a handle to
+what it sends (the buckets in this process; Ray's reference to them, which the rollout resolves worker to worker);
+``rollout.receive_weights(sent, version)`` checks and applies them. No rollout generates from a half-applied
+update: the rollout swaps all weights at once, or keeps the old ones and raises.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from repro.rollout.types import RolloutResult, SamplingParams
+from repro.sync import SyncStats
+from repro.train.base import LogprobResult
+from repro.train.batch import TrainBatch
+
+
+class TrainerGroup(Protocol):
+    def ready(self) -> None:
+        """Return once every trainer process has built its model (on Ray, construction runs asynchronously)."""
+
+    def logprobs(self, batch: TrainBatch, replay_routing: bool) -> LogprobResult:
+        """[B, T] log-probs and entropies of the batch's targets under the current weights (no gradient)."""
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One step of updates on ``batch`` (its ``old_logprobs`` set); returns verl-named ``actor/*`` metrics."""
+
+    def send_weights(self, version: int) -> Any:
+        """Start sending every weight, tagged ``version``; the result goes to ``RolloutGroup.receive_weights``."""
+
+    def save(self, directory: Path) -> Path:
+        """Write the full training state (weights, optimizer, RNG) under ``directory``."""
+
+    def load(self, directory: Path) -> None:
+        """Restore what ``save`` wrote; the next step is bit-identical to the saved trainer's."""
+
+
+class RolloutGroup(Protocol):
+    def ready(self) -> None:
+        """Return once the engine is up and serving the initial weights."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
+        """``params.n`` responses per prompt, prompt-major, with log-probs (and routing, for R3)."""
+
+    def receive_weights(self, sent: Any, version: int) -> SyncStats:
+        """Check the complete set ``send_weights`` sent, then swap every weight at once (FP8 re-quantised)."""

@@ -1,0 +1,195 @@
+"""The one entry point to a run: recipe, run directory, groups, progress sink. ``repro run``, ``repro smoke``,
+``repro launch`` and the notebooks 02/03 all call ``run_recipe``.
+
+It checks what can fail before any worker starts (the run directory, the data and model paths, a run that is
+already finished), starts the two groups -- in this process, or as Ray actors placed by the recipe's plan --
+times their start-up as the run's warm-up (so it is not booked to the first evaluation), opens or resumes the
+run, trains, writes the parquet copy of the log, and always releases what it started.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Literal
+
+from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.recipes.schema import Recipe
+from repro.run.checkpoints import Checkpoint, latest_checkpoint
+from repro.run.state import Progress, no_progress
+
+SMOKE_STEPS = 3  # AMD's smoke test: three optimizer steps before the long run
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_dir: Path
+    start_step: int       # the step the run resumed from (0: a fresh run)
+    end_step: int         # the last step in the log now
+    warmup_s: float       # starting the groups (workers built, weights loaded)
+    seconds: float        # the whole call
+    already_finished: bool = False
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a call will do with a run directory, decided once before anything starts."""
+
+    run_dir: Path
+    resume: bool
+    fresh: bool                  # delete run_dir first
+    checkpoint: Checkpoint | None  # the one a resume continues from (None: start from step 0)
+    finished: bool               # resuming a run whose newest checkpoint is already at the recipe's last step
+    kept_rows: list[dict]        # train rows of the log up to that checkpoint (a live plot's earlier points)
+    dropped_steps: list[int]     # train steps logged after that checkpoint: dropped, then recomputed
+
+    def describe(self) -> str:
+        if self.finished:
+            return f"{self.run_dir}: the run is finished (checkpoint step {self.checkpoint.step}); nothing to do"
+        if not self.resume:
+            return f"{self.run_dir}: a new run" + (" (the old one deleted first)" if self.fresh else "")
+        if self.checkpoint is None:
+            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0"
+        note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path})"
+        if self.dropped_steps:
+            first, last = self.dropped_steps[0], self.dropped_steps[-1]
+            note += (f"; step {first} logged after it is dropped and recomputed" if first == last else
+                     f"; steps {first}-{last} logged after it are dropped and recomputed")
+        return note
+
+
+def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
+             fresh: bool = False) -> RunPlan:
+    """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
+    does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
+    from repro.run.metrics_log import MetricsLog
+
+    run_dir = Path(run_dir)
+    log = run_dir / "metrics.jsonl"
+    if fresh:
+        return RunPlan(run_dir, False, True, None, False, [], [])
+    resume = log.exists() if resume == "auto" else bool(resume)
+    checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    if checkpoint is None:
+        return RunPlan(run_dir, resume, False, None, False, [], [])
+    rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
+    return RunPlan(run_dir, True, False, checkpoint, checkpoint.step >= recipe.steps,
+                   [r for r in rows if r["step"] <= checkpoint.step],
+                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}))
+
+
+def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
+               resume: bool | Literal["auto"] = False, fresh: bool = False, progress: Progress = no_progress,
+               say: Callable[[str], None] = print) -> RunOutcome:
+    """Run (or resume) ``recipe`` in ``run_dir``; ``progress(step, row)`` is called after every step.
+
+    resume: True, False, or ``"auto"`` (resume when ``run_dir`` already holds a log). fresh: delete ``run_dir``
+    first (the smoke run is a throwaway check)."""
+    return run_planned(recipe, plan_run(recipe, run_dir, resume, fresh), in_process=in_process, progress=progress,
+                       say=say)
+
+
+def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
+                say: Callable[[str], None] = print) -> RunOutcome:
+    """``run_recipe`` for a plan already made (a notebook shows it first, e.g. to seed its live plot)."""
+    from repro.run.loop import train
+    from repro.run.run_dir import check_inputs, open_run
+
+    started = time.perf_counter()
+    run_dir = plan.run_dir
+    say(plan.describe())
+    if plan.finished:
+        return RunOutcome(run_dir, plan.checkpoint.step, plan.checkpoint.step, 0.0, time.perf_counter() - started,
+                          already_finished=True)
+    if plan.fresh and run_dir.exists():
+        shutil.rmtree(run_dir)
+    model_dir = check_inputs(recipe, run_dir, plan.resume)
+    with ExitStack() as stack:
+        stack.enter_context(terminate_as_exit())
+        warmup = time.perf_counter()
+        trainer, rollout = in_process_groups(recipe, model_dir) if in_process else stack.enter_context(
+            ray_groups(recipe, model_dir, run_dir))
+        trainer.ready()
+        rollout.ready()
+        warmup_s = time.perf_counter() - warmup
+        say(f"groups started in {warmup_s:.1f} s ({'in this process' if in_process else 'on Ray'})")
+        run = open_run(recipe, run_dir, trainer, rollout, resume=plan.resume)
+        run.progress, run.warmup_s = progress, warmup_s
+        try:
+            train(run)
+        except Exception as err:
+            from repro.groups.ray_actors import WorkerDiedError
+
+            if isinstance(err, WorkerDiedError):
+                raise WorkerDiedError(f"{err}; {resume_hint(run_dir)}") from err
+            raise
+        run.metrics.write_parquet()
+    return RunOutcome(run_dir, run.start_step, recipe.steps, warmup_s, time.perf_counter() - started)
+
+
+def in_process_groups(recipe: Recipe, model_dir: Path) -> tuple[TrainerGroup, RolloutGroup]:
+    """Trainer and rollout as plain objects in this process (tests, debugging, a notebook kernel)."""
+    from repro.groups.workers import RolloutWorker, TrainerWorker
+
+    return TrainerWorker(recipe, model_dir), RolloutWorker(recipe, model_dir)
+
+
+@contextmanager
+def ray_groups(recipe: Recipe, model_dir: Path, run_dir: Path) -> Iterator[tuple[TrainerGroup, RolloutGroup]]:
+    """Ray started or joined as the recipe says, both groups placed and started; on exit the placement is
+    released and a local instance this call started is stopped."""
+    from repro.cluster.placement import create_placement_groups, format_placement_table, placement_table, plan_placement
+    from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_local_processes, shutdown_ray
+    from repro.groups.ray_groups import check_group_sizes, start_groups
+
+    check_group_sizes(recipe)
+    record = run_dir / "logs" / "ray_processes.json"
+    ended = end_recorded_processes(record)
+    if ended:
+        print(f"ended {len(ended)} Ray process(es) a killed run in {run_dir} left behind: {', '.join(ended)}")
+    info = ensure_ray(recipe)
+    if info.started_local:
+        record_local_processes(record)
+    placement = None
+    try:
+        placement = create_placement_groups(plan_placement(recipe))
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs" / "placement.txt").write_text(format_placement_table(placement_table(placement)) + "\n")
+        yield start_groups(placement, recipe, model_dir)
+    finally:
+        if placement is not None:
+            placement.remove()
+        if info.started_local:
+            shutdown_ray()
+            record.unlink(missing_ok=True)
+
+
+@contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while the run is on, so the clean-up (placement, the local Ray instance) runs as
+    it does on Ctrl-C; Python's default SIGTERM ends the process without running any of it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def resume_hint(run_dir: Path) -> str:
+    newest = latest_checkpoint(run_dir / "checkpoints")
+    if newest is None:
+        return "no checkpoint was written yet: rerun from the start"
+    return f"the last good checkpoint is step {newest.step} ({newest.path}): rerun with --resume"

@@ -1,0 +1,195 @@
+"""The GRPO update, whatever backend runs the forward and backward: which rows go forward, the update's
+normalisers, each micro-batch's share of the loss, and the metrics. Both trainers compose it (the embedded torch
+trainer with its own micro-batch loop, the Megatron trainer inside megatron's pipeline schedule).
+
+One ``train_step`` = the batch split into ``updates_per_step`` row groups, one optimizer update each. Per update:
+
+  1. decoupled TIS weights w = min(exp(old - rollout), C) from the trainer's recompute (``batch.old_logprobs``)
+     and the rollout engine's log-probs -- fixed before any forward, so the loss mask and its normaliser are
+     known up front (Yao et al., "Your efficient RL framework secretly brings you off-policy RL training", 2025);
+  2. rows whose advantage is exactly 0 are skipped: their loss is -0 * ratio * w = 0 for every token, so their
+     forward/backward would add exactly nothing, but they still count in the normaliser (GRPO's zero-variance
+     groups are 25-40% of the rows on the tiny task);
+  3. the remaining rows go through token-budget micro-batches, each micro-batch's aggregated loss rescaled to its
+     share of the whole update, so the accumulated gradient equals the one-big-batch gradient whatever the
+     micro-batching;
+  4. global-norm clip and AdamW (the backend's, with its own notion of "global").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from repro.algos import agg_loss, broadcast_to_tokens, ppo_clip_loss, rollout_is_weights
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.train.base import TrainerError
+from repro.train.batch import TrainBatch
+from repro.train.optimizer import warmup_constant_lr
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+COUNT_METRICS = ("actor/num_rows_skipped_zero_adv", "actor/micro_batches")  # summed over updates, not averaged
+
+
+@dataclass
+class UpdateStats:
+    """Sums over one update's forwarded micro-batches; token-weighted means are formed at the end."""
+
+    loss: float = 0.0
+    tokens: float = 0.0            # kept response tokens that went through a forward
+    response_tokens: float = 0.0   # all response tokens that went through a forward (entropy's denominator)
+    entropy_sum: float = 0.0
+    clipfrac_sum: float = 0.0
+    clipfrac_lower_sum: float = 0.0
+    ppo_kl_sum: float = 0.0
+    rows_skipped: int = 0
+    micro_batches: int = 0
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """Which rows of a batch go through a forward ([R] row indices), and the update's normalisers."""
+
+    rows: torch.Tensor
+    total_tokens: int   # kept response tokens of the whole update (token-mean's normaliser)
+    total_rows: int     # rows with at least one kept token (the seq-mean modes' normaliser)
+
+
+def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: AlgorithmConfig, backend: str) -> None:
+    """Refuse settings a trainer backend cannot honour, naming each."""
+    if dtype not in DTYPES:
+        raise TrainerError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if max_tokens < 1 or temperature <= 0:
+        raise TrainerError(
+            f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got {max_tokens} and {temperature}"
+        )
+    if algorithm.kl_coef != 0 or algorithm.entropy_coef != 0:
+        # Both would also make zero-advantage rows carry gradient, which the row skipping relies on not doing.
+        raise TrainerError(
+            f"algorithm.kl_coef={algorithm.kl_coef}, entropy_coef={algorithm.entropy_coef}: the "
+            f"{backend} trainer implements neither (the reproduced run uses 0 for both)"
+        )
+
+
+def recipe_settings(recipe: Recipe) -> dict:
+    """The trainer constructor arguments every backend takes from the recipe (the model comes separately)."""
+    return dict(
+        optim=recipe.optim,
+        algorithm=recipe.algorithm,
+        rollout_correction=recipe.rollout_correction,
+        dtype=recipe.actor.dtype,
+        max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
+        temperature=recipe.rollout.temperature,
+        replay_routing=recipe.routing_replay.enabled,
+        seed=recipe.seed,
+    )
+
+
+@dataclass(frozen=True)
+class GRPOUpdate:
+    """The update's rules for one recipe: PPO clip-higher loss with TIS weights, aggregated as the recipe says."""
+
+    algorithm: AlgorithmConfig
+    correction: RolloutCorrectionConfig
+    skip_zero_advantage_rows: bool = True
+
+    def row_groups(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """[rows] index tensors, one per optimizer update of the step (``updates_per_step`` of them)."""
+        count = self.algorithm.updates_per_step
+        if count > batch.num_rows:
+            raise TrainerError(f"algorithm.updates_per_step={count} exceeds the batch's {batch.num_rows} rows")
+        return list(torch.arange(batch.num_rows).tensor_split(count))
+
+    def is_weights(self, batch: TrainBatch):
+        return rollout_is_weights(
+            batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, mode=self.correction.mode,
+            threshold=self.correction.threshold, threshold_lower=self.correction.lower_threshold,
+        )
+
+    def plan(self, batch: TrainBatch, stats: UpdateStats) -> UpdatePlan | None:
+        """Which rows of ``batch`` go through a forward, and the normalisers; None when nothing does. Counts the
+        skipped zero-advantage rows into ``stats``."""
+        keep = self.is_weights(batch).keep_mask
+        total_tokens = int(keep.sum())
+        total_rows = int(keep.any(dim=1).sum())
+        if total_tokens == 0:
+            return None
+        forwarded = keep.any(dim=1)  # rows with no kept token (all rejected, or no response) add nothing either
+        if self.skip_zero_advantage_rows:
+            stats.rows_skipped = int((forwarded & (batch.advantages == 0)).sum())
+            forwarded &= batch.advantages != 0
+        if not forwarded.any():
+            return None
+        return UpdatePlan(forwarded.nonzero().squeeze(1), total_tokens, total_rows)
+
+    def micro_loss(self, micro: TrainBatch, logp: torch.Tensor, entropy: torch.Tensor, plan: UpdatePlan,
+                   stats: UpdateStats) -> torch.Tensor:
+        """This micro-batch's share of the update's loss from its [b, t] log-probs (and, for the metrics, its
+        [b, t] entropies); adds its sums to ``stats``."""
+        micro_w = self.is_weights(micro)
+        micro_keep = micro_w.keep_mask
+        policy = ppo_clip_loss(
+            logp,
+            micro.old_logprobs,
+            broadcast_to_tokens(micro.advantages, micro.response_mask),
+            micro_keep,
+            clip_low=self.algorithm.clip_ratio_low,
+            clip_high=self.algorithm.clip_ratio_high,
+            is_weights=micro_w.weights,
+        )
+        # Each micro-batch's mean, weighted by its share of the update's normaliser (tokens or sequences),
+        # sums to the mean over the whole update.
+        mode = self.algorithm.loss_agg_mode
+        if mode == "token-mean":
+            share = int(micro_keep.sum()) / plan.total_tokens
+        else:
+            share = int(micro_keep.any(dim=1).sum()) / plan.total_rows
+        loss = agg_loss(policy.loss_mat, micro_keep, mode) * share
+        with torch.no_grad():
+            tokens = float(micro_keep.sum())
+            stats.loss += float(loss)
+            stats.tokens += tokens
+            stats.response_tokens += float(micro.response_mask.sum())
+            stats.entropy_sum += float((entropy * micro.response_mask).sum())
+            stats.clipfrac_sum += float(policy.pg_clipfrac) * tokens
+            stats.clipfrac_lower_sum += float(policy.pg_clipfrac_lower) * tokens
+            stats.ppo_kl_sum += float(policy.ppo_kl) * tokens
+            stats.micro_batches += 1
+        return loss
+
+
+def update_metrics(stats: UpdateStats, grad_norm: float, lr: float) -> dict[str, float]:
+    """verl-named metrics of one update: token means over the rows that went through a forward."""
+    per_token = max(stats.tokens, 1.0)
+    return {
+        "actor/loss": stats.loss,
+        "actor/grad_norm": grad_norm,
+        "actor/entropy": stats.entropy_sum / max(stats.response_tokens, 1.0),
+        "actor/pg_clipfrac": stats.clipfrac_sum / per_token,
+        "actor/pg_clipfrac_lower": stats.clipfrac_lower_sum / per_token,
+        "actor/ppo_kl": stats.ppo_kl_sum / per_token,
+        "actor/lr": lr,
+        "actor/num_rows_skipped_zero_adv": float(stats.rows_skipped),
+        "actor/micro_batches": float(stats.micro_batches),
+    }
+
+
+def run_train_step(update: GRPOUpdate, optim: OptimConfig, batch: TrainBatch, first_update: int,
+                   accumulate: Callable[[TrainBatch], UpdateStats],
+                   optimizer_step: Callable[[float], float]) -> dict[str, float]:
+    """``updates_per_step`` updates on ``batch``: for each row group, ``accumulate`` backs the update's loss
+    into the gradients (the backend's forward/backward), then ``optimizer_step(lr)`` clips and applies them and
+    returns the pre-clip norm. Returns means over the updates (counts summed; the last update's lr).
+    ``first_update`` is the backend's count of updates so far (it drives the warm-up)."""
+    per_update = []
+    for index, rows in enumerate(update.row_groups(batch)):
+        stats = accumulate(batch.rows(rows))
+        lr = warmup_constant_lr(optim, first_update + index)
+        per_update.append(update_metrics(stats, optimizer_step(lr), lr))
+    metrics = {key: sum(m[key] for m in per_update) / len(per_update) for key in per_update[0]}
+    for key in COUNT_METRICS:
+        metrics[key] = float(sum(m[key] for m in per_update))
+    metrics["actor/lr"] = per_update[-1]["actor/lr"]
+    return metrics
