@@ -41,14 +41,13 @@ def _with_address(recipe):
     """'auto' joins $RAY_ADDRESS or the cluster `ray start` recorded, never a stray local ray.init() instance."""
     import ray
 
-    from repro.cluster import ClusterError
-    from repro.cluster.facts import NoClusterFound, resolve_address
+    from repro.cluster import facts
 
     if ray.is_initialized():
         return recipe
     try:
-        address = resolve_address(recipe.cluster.ray_address)
-    except NoClusterFound as err:
+        address = facts.resolve_address(recipe.cluster.ray_address)
+    except facts.NoClusterFound as err:
         raise NoClusterToJoin(f"cluster.ray_address='auto': {err}") from None
     return recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": address})})
 

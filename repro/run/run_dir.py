@@ -19,7 +19,7 @@ from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import load_dataset, prompt_ids
 from repro.errors import ReproError
 from repro.run.metrics_log import MetricsLog
-from repro.recipes import dump_recipe, require_paths, resolve_path
+from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.run.state import Run
 

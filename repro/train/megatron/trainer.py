@@ -36,7 +36,6 @@ cannot be built on CPU. ``megatron_layout(...)["optimizer"]`` is the ``Optimizer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 

@@ -1,0 +1,36 @@
+"""The notebook suite: run notebooks with papermill, record what each one found, and chain them.
+
+Each notebook under ``notebooks/`` is a thin walkthrough: a ``parameters`` cell, then calls into ``repro``
+(every computation lives here or in ``repro.analysis`` / ``repro.plots``), tables, figures, and a last cell
+that calls :func:`record_results`. The recorded JSON sits beside the executed notebook
+(``<out_dir>/<name>.results.json``) so a test, the chain or a reader can check the numbers without parsing
+notebook outputs.
+
+The chain (``repro notebooks``, ``make repro``)::
+
+    00_cluster_check -> 01_fp8_conversion -> 02_smoke_run -> 03_full_run
+        -> 10_reward_by_phase -> 11_aime -> 12_throughput -> 13_kl_ess -> 20_compare_to_amd
+
+writes the executed notebooks to ``<run_dir>/notebooks/``, the figures (PNG + SVG) to ``figures_dir`` and
+the report to ``<run_dir>/comparison.md``. A notebook missing from ``notebooks/`` is skipped with a note; a
+failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
+
+Modules: ``execution`` (papermill, recorded results, the kernel), ``parameters`` (each notebook's first call:
+its parameters checked and its paths resolved), ``chain`` (the chain ``make repro`` runs).
+"""
+
+from repro.notebooks.chain import CHAIN, ChainResult, chain_parameters, ensure_model, run_chain
+from repro.notebooks.execution import (
+    NOTEBOOKS_DIR, RESULTS_SUFFIX, NotebookError, execute_notebook, load_results, notebook_parameters, notebook_path,
+    record_results, results_path, venv_kernel_name,
+)
+from repro.notebooks.parameters import (
+    check_parameters, declared_parameters, injected_parameter_names, is_path_parameter, notebook_setup,
+)
+
+__all__ = [
+    "CHAIN", "NOTEBOOKS_DIR", "RESULTS_SUFFIX", "ChainResult", "NotebookError", "chain_parameters", "check_parameters",
+    "declared_parameters", "ensure_model", "execute_notebook", "injected_parameter_names", "is_path_parameter",
+    "load_results", "notebook_parameters", "notebook_path", "notebook_setup", "record_results", "results_path",
+    "run_chain", "venv_kernel_name",
+]

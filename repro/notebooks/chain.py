@@ -1,0 +1,141 @@
+"""The notebook chain that `make repro` and `repro notebooks` run."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from repro.notebooks.execution import NotebookError, execute_notebook, notebook_parameters, notebook_path, venv_kernel_name
+
+CHAIN = ("00_cluster_check", "01_fp8_conversion", "02_smoke_run", "03_full_run", "10_reward_by_phase",
+         "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd")
+
+# --------------------------------------------------------------------------------------------- the chain
+
+
+@dataclass
+class ChainResult:
+    run_dir: Path
+    notebooks_dir: Path
+    figures_dir: Path
+    report: Path
+    results: dict[str, dict] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def describe(self) -> str:
+        lines = [f"notebook chain done in {self.total_seconds:.0f} s. Outputs:",
+                 f"  run directory      {self.run_dir} (metrics.jsonl, metrics.parquet, eval/, checkpoints/)",
+                 f"  executed notebooks {self.notebooks_dir}/ (<name>.ipynb + <name>.results.json)"]
+        lines += [f"    {name:<20} {self.seconds[name]:7.1f} s" for name in self.results]
+        lines += [f"  figures            {self.figures_dir}/ (PNG + SVG)",
+                  f"  comparison report  {self.report}"]
+        if self.skipped:
+            lines.append(f"  skipped (not in notebooks/): {', '.join(self.skipped)}")
+        return "\n".join(lines)
+
+
+def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, overrides: list[str],
+                     in_process: bool, figures_dir: Path, notebooks_dir: Path,
+                     smoke_dir: Path | None = None) -> tuple[dict, Path | None]:
+    """(parameters, results_dir) for one notebook of the chain.
+
+    The chain knows one pool of values; each notebook gets the ones its ``parameters`` cell declares (read from
+    the notebook: the cell is the only place a parameter is declared), so a notebook that drops or renames a
+    parameter is simply not passed it. Two notebooks see some values differently: the smoke run (02) writes to
+    its own throwaway directory for 3 steps, and the FP8 notebook (01) writes under ``<run_dir>/fp8``.
+    """
+    from repro.recipes import load_recipe
+    from repro.run.start import SMOKE_STEPS
+
+    pool = {"recipe": recipe, "run_dir": str(run_dir), "steps": steps or 0, "overrides": overrides,
+            "in_process": in_process, "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}
+    results_dir = None
+    if name == "02_smoke_run":
+        smoke_dir = Path(smoke_dir or run_dir / "smoke")
+        # a separate smoke dir is a throwaway, started afresh; smoke_dir == run_dir makes the full run continue it
+        pool.update(run_dir=str(smoke_dir), steps=SMOKE_STEPS, fresh=smoke_dir != run_dir)
+    elif name in ("00_cluster_check", "01_fp8_conversion"):
+        results_dir = notebooks_dir if name == "00_cluster_check" else run_dir / "fp8"
+        pool.update(out_dir=str(results_dir), output_dir=str(results_dir),
+                    fmt=load_recipe(recipe, overrides).rollout.fp8_format)
+    declared = notebook_parameters(name)
+    return {k: v for k, v in pool.items() if k in declared}, results_dir
+
+
+def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None = None, *,
+              overrides: Iterable[str] = (), in_process: bool = False, figures_dir: str | Path | None = None,
+              notebooks: Iterable[str] | None = None, skip: Iterable[str] = (), smoke_dir: str | Path | None = None,
+              log: Callable[[str], None] = print) -> ChainResult:
+    """Execute the notebook chain in order (see module docstring) and return where everything is.
+
+    ``steps``/``overrides`` apply to the full run (03); the smoke run (02) is always 3 steps on the same
+    recipe and overrides, in ``smoke_dir`` (default ``<run_dir>/smoke``, deleted first; ``smoke_dir=run_dir``
+    makes the full run resume from the smoke run's step 3 instead of starting over). ``notebooks`` limits the chain to those names (kept in
+    chain order), ``skip`` drops some. A re-run resumes the full run from its newest checkpoint.
+    """
+    run_dir = Path(run_dir)
+    overrides = list(overrides)
+    figures_dir = Path(figures_dir) if figures_dir else run_dir / "figures"
+    notebooks_dir = run_dir / "notebooks"
+    wanted = set(CHAIN if notebooks is None else notebooks) - set(skip)
+    unknown = wanted - set(CHAIN)
+    if unknown:
+        raise NotebookError(f"not in the chain: {', '.join(sorted(unknown))} (chain: {', '.join(CHAIN)})")
+    result = ChainResult(run_dir, notebooks_dir, figures_dir, run_dir / "comparison.md")
+    log(f"warm start: {ensure_model(recipe, overrides)}")
+    kernel = venv_kernel_name()
+    with ExitStack() as stack:
+        if not in_process and wanted & {"02_smoke_run", "03_full_run"}:
+            from repro.cluster.runtime import end_recorded_processes, shared_local_instance
+            from repro.recipes import load_recipe
+
+            record = run_dir / "logs" / "ray_processes.chain.json"
+            end_recorded_processes(record)
+            shared = stack.enter_context(shared_local_instance(load_recipe(recipe, overrides), record))
+            if shared is not None:
+                log(f"one local Ray instance for the chain's runs: {shared.address} (started in {shared.connect_s:.1f} s)")
+        _run_notebooks(result, wanted, run_dir, recipe, steps, overrides, in_process, figures_dir, notebooks_dir,
+                       smoke_dir, kernel, log)
+    return result
+
+
+def _run_notebooks(result: ChainResult, wanted: set[str], run_dir: Path, recipe: str, steps: int | None,
+                   overrides: list[str], in_process: bool, figures_dir: Path, notebooks_dir: Path,
+                   smoke_dir: str | Path | None, kernel: str, log: Callable[[str], None]) -> None:
+    for name in CHAIN:
+        if name not in wanted:
+            continue
+        if not notebook_path(name).is_file():
+            log(f"[{name}] skipped: {notebook_path(name)} not found")
+            result.skipped.append(name)
+            continue
+        params, results_dir = chain_parameters(name, run_dir, recipe, steps, overrides, in_process, figures_dir,
+                                               notebooks_dir, Path(smoke_dir) if smoke_dir else None)
+        log(f"[{name}] running ...")
+        started = time.perf_counter()
+        result.results[name] = execute_notebook(name, notebooks_dir, params, results_dir=results_dir,
+                                                kernel_name=kernel)
+        result.seconds[name] = time.perf_counter() - started
+        log(f"[{name}] done in {result.seconds[name]:.1f} s -> {notebooks_dir / (name + '.ipynb')}")
+        if name == "00_cluster_check" and result.results[name].get("failed"):
+            raise NotebookError(f"notebook {name}: the cluster is not ready for recipe {recipe}: "
+                                f"{result.results[name].get('summary', 'a check failed')} "
+                                f"(see {notebooks_dir / (name + '.ipynb')}); the chain stops before the runs")
+
+
+def ensure_model(recipe: str, overrides: Iterable[str] = ()) -> str:
+    """The warm-started tiny checkpoint the recipe runs from, regenerated if missing (`make repro`'s first step)."""
+    from repro.recipes import load_recipe
+    from repro.run.run_dir import resolve_model_dir
+
+    return str(resolve_model_dir(load_recipe(recipe, list(overrides))))
+
+
