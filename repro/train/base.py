@@ -1,12 +1,12 @@
-"""The interface every trainer backend implements: the embedded CPU trainer now, Megatron-core later.
+"""The interface every trainer backend implements: ``EmbeddedTrainer`` (torch on CPU) and ``MegatronTrainer``
+(megatron-core, one instance per rank). Both compose the same GRPO update (``repro.train.grpo_update``).
 
-The RL loop only ever calls these methods, so a backend is free in how it shards, offloads or fuses:
+A trainer worker (``repro.groups.workers.TrainerWorker``) holds one and serves the loop's calls:
 
-    old = trainer.logprobs(batch).logprobs          # π_old, the trainer's own recompute (routing replayed)
-    batch.old_logprobs = old
-    metrics = trainer.train_step(batch)             # one or more optimizer updates on the batch
-    engine.update_weights(trainer.named_weights(), version)
-    trainer.save(ckpt_dir) / trainer.load(ckpt_dir) # the full training state, resumable bit for bit
+    trainer.logprobs(batch, replay_routing)   # π_old, the trainer's own recompute (routing replayed)
+    trainer.train_step(batch)                 # one step of updates on a batch whose old_logprobs are set
+    trainer.named_weights()                   # every weight, for the sync to the rollout
+    trainer.save(dir) / trainer.load(dir)     # the full training state, resumable bit for bit
 
 Metric keys follow verl (``actor/loss``, ``actor/grad_norm``, ...) so curves sit next to AMD's.
 """
