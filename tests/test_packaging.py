@@ -94,3 +94,15 @@ def test_readme_commands_and_ci():
     for target in ("repro:", "test:", "lab:", "install:"):
         assert f"\n{target}" in makefile
     assert "-m venv" in makefile
+
+
+def test_the_tiny_recipe_states_the_lock_as_its_cluster_versions():
+    """`repro check --recipe tiny-cpu` judges this laptop against the same versions make installs."""
+    from repro.recipes import load_recipe
+
+    versions, lock = load_recipe("tiny-cpu").cluster.versions, _lock()
+    assert (versions.torch, versions.transformers, versions.ray) == (lock["torch"], lock["transformers"], lock["ray"])
+    assert versions.python == LAPTOP_PYTHON
+    amd = load_recipe("amd-dsv4-flash-mi308x").cluster.versions
+    assert (amd.python, amd.ray, amd.transformers) == (IMAGE_PYTHON, IMAGE_VERSIONS["ray"], IMAGE_VERSIONS["transformers"])
+    assert IMAGE_VERSIONS["torch"].startswith(amd.torch + "+")
