@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
