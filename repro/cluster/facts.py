@@ -10,7 +10,9 @@ node of the cluster; all nodes are installed alike); node and GPU counts are the
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -37,6 +39,7 @@ def gather_facts(recipe: "Recipe", run_dir: str | os.PathLike | None = None, sta
     else:
         _ray_facts(recipe, facts)
     facts.versions.update(_versions())
+    facts.lumenrl_path, facts.lumenrl_commit = _lumenrl()
     facts.rdma_devices, facts.rdma_source = _rdma_devices()
     facts.nccl_env = {k: v for k, v in os.environ.items() if k in NCCL_VARS or k.startswith(("NCCL_IB_", "RCCL_"))}
     target = Path(run_dir) if run_dir else Path("runs") / recipe.name
@@ -202,7 +205,35 @@ def _versions() -> dict[str, str | None]:
     found["vllm"] = _package_version("vllm")
     found["megatron-core"] = _package_version("megatron-core") or _package_version("megatron_core")
     found["ray"] = _package_version("ray")
+    found["transformers"] = _package_version("transformers")
+    found["python"] = platform.python_version()
     return found
+
+
+# LumenRL's Dockerfile.dsv4 records the commits it built from here ("LumenRL=<sha>" lines).
+IMAGE_SOURCE_VERSIONS = Path("/workspace/SOURCE_VERSIONS")
+
+
+def _lumenrl() -> tuple[str | None, str | None]:
+    """Where `import lumenrl` would load from and its commit, without importing it (it pulls in torch, Megatron)."""
+    try:
+        spec = importlib.util.find_spec("lumenrl")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    package = Path(next(iter(spec.submodule_search_locations)))
+    checkout, commit = package.parent, None
+    top = (_run_tool("git", ["-C", str(checkout), "rev-parse", "--show-toplevel"]) or "").strip()
+    if top and Path(top).resolve() == checkout.resolve():  # its own checkout, not some repository around site-packages
+        commit = (_run_tool("git", ["-C", str(checkout), "rev-parse", "HEAD"]) or "").strip() or None
+    if commit is None:
+        try:
+            records = dict(line.split("=", 1) for line in IMAGE_SOURCE_VERSIONS.read_text().splitlines() if "=" in line)
+            commit = records.get("LumenRL", "").strip() or None
+        except OSError:
+            pass
+    return str(checkout), commit
 
 
 # -- network, memory, disks --------------------------------------------------------------------------------

@@ -1,39 +1,33 @@
-"""The software versions of AMD's cluster run, in one place (``repro check`` compares against these).
+"""The software a recipe's cluster runs (``recipe.cluster.versions``) and how a version found here is compared with it.
 
-AMD's post: ROCm 7.2 and vLLM 0.25.1 on MI308X. torch is the project's own pin (read from the installed
-package metadata, so pyproject.toml stays the one source); on the cluster the same version is the ROCm
-build (``2.13.0+rocm7.2``), compared without its ``+local`` tag. megatron-core is not pinned by the post:
-any installed version is reported, and only its absence fails.
+The versions live in the recipe, not in the project's own pins: the laptop installs exact versions from
+constraints/laptop.txt, AMD's images carry theirs (Python 3.12, ROCm torch 2.11, vLLM 0.25.1, Ray 2.56.1;
+docs/amd-images.md), and `repro check` on a cluster node must judge the image, not this laptop.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
+from typing import TYPE_CHECKING
 
-VLLM = "0.25.1"
-ROCM = "7.2"
-MEGATRON_CORE: str | None = None  # AMD's post names no version; LumenRL's environment decides
-TORCH_FALLBACK = "2.13.0"  # used only if the package metadata cannot be read (a source checkout not installed)
+if TYPE_CHECKING:
+    from repro.recipes.schema import Recipe
 
 
-def project_pin(package: str, fallback: str | None = None) -> str | None:
-    """The exact ``==`` pin of ``package`` in this project's dependencies, or ``fallback``."""
-    try:
-        requirements = metadata.requires("repro") or []
-    except metadata.PackageNotFoundError:
-        return fallback
-    for requirement in requirements:
-        name, sep, version = requirement.split(";")[0].partition("==")
-        if sep and name.split("[")[0].strip().lower() == package.lower():
-            return version.strip()
-    return fallback
+def expected_versions(recipe: "Recipe") -> dict[str, str | None]:
+    """Component -> the version the recipe's cluster runs (None: any version, only reported)."""
+    versions = recipe.cluster.versions
+    return {"python": versions.python, "torch": versions.torch, "rocm": versions.rocm, "vllm": versions.vllm,
+            "ray": versions.ray, "transformers": versions.transformers, "megatron-core": versions.megatron_core,
+            "lumenrl": versions.lumenrl}
 
 
-def cluster_pins() -> dict[str, str | None]:
-    """Component -> version the cluster should run (None: any version, presence only)."""
-    return {
-        "torch": project_pin("torch", TORCH_FALLBACK),
-        "rocm": ROCM,
-        "vllm": VLLM,
-        "megatron-core": MEGATRON_CORE,
-    }
+def base_version(version: str) -> str:
+    """Without the local tag: '2.11.0+gitd0c8b1f' -> '2.11.0'."""
+    return version.split("+")[0]
+
+
+def version_matches(found: str, expected: str) -> bool:
+    """Dotted-prefix match without local tags: '7.2.1' matches '7.2', '2.11.0+gitd0c8b1f' matches '2.11.0',
+    '3.12.13' matches '3.12'; '2.11.0' does not match '2.1'."""
+    have, want = base_version(found).split("."), base_version(expected).split(".")
+    return have[:len(want)] == want

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from repro.cluster.pins import cluster_pins
-
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
@@ -58,7 +56,7 @@ class Facts:
     device_name: str | None = None
     arch: str | None = None  # "gfx942", "gfx950", "sm_90", ...
     arch_source: str | None = None  # where arch came from (torch, rocminfo, amd-smi)
-    versions: dict[str, str | None] = field(default_factory=dict)  # torch, rocm, cuda, vllm, megatron-core
+    versions: dict[str, str | None] = field(default_factory=dict)  # python, torch, rocm, vllm, ray, transformers, ...
     rdma_devices: list[str] = field(default_factory=list)
     rdma_source: str | None = None  # "/sys/class/infiniband", "ibv_devices" or None (neither present)
     nccl_env: dict[str, str] = field(default_factory=dict)
@@ -70,6 +68,8 @@ class Facts:
     ray_local_deferred: bool = False  # ray_address null: not started by the check (the run starts its own)
     ray_version: str | None = None
     model_staged: bool = False  # model.path already exists (so it already occupies /dev/shm if it lives there)
+    lumenrl_path: str | None = None  # where `import lumenrl` would load from (None: not importable)
+    lumenrl_commit: str | None = None  # its git commit, or the one the image recorded (/workspace/SOURCE_VERSIONS)
 
     @property
     def total_gpus(self) -> float:
@@ -194,7 +194,7 @@ def check_accelerator(recipe: "Recipe", facts: Facts) -> CheckResult:
         return CheckResult("accelerator", FAIL, f"no {_kind(want)} GPU visible to torch on this host "
                                                  f"(torch {facts.versions.get('torch') or '?'})",
                            f"run on a node of the cluster with the {_kind(want)} build of torch"
-                           + (f" ({cluster_pins()['torch']}+rocm{cluster_pins()['rocm']})" if want == "rocm" else ""))
+                           + (f" {recipe.cluster.versions.torch}" if recipe.cluster.versions.torch else ""))
     if facts.accelerator != want:
         return CheckResult("accelerator", FAIL, f"torch sees {_kind(facts.accelerator)} GPUs ({seen}), the recipe expects {_kind(want)}",
                            f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {_kind(want)} cluster")
@@ -226,76 +226,6 @@ def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
                            f"rollout.fp8_format={configured} but {facts.arch or facts.accelerator} computes in {hardware}",
                            f"set rollout.fp8_format: auto (or {hardware})")
     return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware} = rollout.fp8_format")
-
-
-def _base(version: str) -> str:
-    return version.split("+")[0]
-
-
-def _matches(version: str, pin: str) -> bool:
-    """'7.2.1' matches pin '7.2'; '2.13.0+rocm7.2' matches '2.13.0'."""
-    have, want = _base(version).split("."), pin.split(".")
-    return have[:len(want)] == want
-
-
-def check_torch(recipe: "Recipe", facts: Facts) -> CheckResult:
-    pin, have = cluster_pins()["torch"], facts.versions.get("torch")
-    if have is None:
-        return CheckResult("torch", FAIL, "torch is not importable", "`make install` (pip install -e '.[dev]')")
-    build = "ROCm" if facts.versions.get("rocm_torch") else "CUDA" if facts.versions.get("cuda_torch") else "CPU"
-    if pin and not _matches(have, pin):
-        return CheckResult("torch", WARN, f"torch {have}, the project pins {pin}", f"install torch {pin} ({build} build)")
-    if not cpu_mode(recipe) and build.lower() != recipe.cluster.accelerator:
-        return CheckResult("torch", FAIL, f"torch {have} is a {build} build, the recipe needs the "
-                                          f"{_kind(recipe.cluster.accelerator)} build",
-                           f"install torch {pin}+rocm{cluster_pins()['rocm']} from the ROCm wheel index"
-                           if recipe.cluster.accelerator == "rocm" else f"install torch {pin} with CUDA")
-    return CheckResult("torch", PASS, f"torch {have} ({build} build), pin {pin}")
-
-
-def check_platform(recipe: "Recipe", facts: Facts) -> CheckResult:
-    """ROCm (pinned 7.2) or CUDA (any) version, as the torch build and the system report it."""
-    if cpu_mode(recipe):
-        return _skip("rocm" if recipe.cluster.accelerator == "rocm" else "platform")
-    if recipe.cluster.accelerator == "cuda":
-        cuda = facts.versions.get("cuda_torch")
-        if not cuda:
-            return CheckResult("cuda", FAIL, "torch has no CUDA support", "install the CUDA build of torch")
-        return CheckResult("cuda", PASS, f"CUDA {cuda} (torch build); AMD's run used ROCm {cluster_pins()['rocm']}")
-    pin = cluster_pins()["rocm"]
-    system, hip = facts.versions.get("rocm"), facts.versions.get("rocm_torch")
-    if not system and not hip:
-        return CheckResult("rocm", FAIL, f"no ROCm found (no /opt/rocm version file, torch has no HIP); AMD ran ROCm {pin}",
-                           f"install ROCm {pin} and the matching torch build, or run on the cluster")
-    seen = system or hip
-    if not _matches(seen, pin):
-        return CheckResult("rocm", WARN, f"ROCm {seen} (system {system or '?'}, torch HIP {hip or '?'}), AMD ran {pin}",
-                           f"ROCm {pin} is what the published numbers were measured on")
-    return CheckResult("rocm", PASS, f"ROCm {seen} (system {system or '?'}, torch HIP {hip or '?'}) = pin {pin}")
-
-
-def _check_package(name: str, key: str, why_not: str) -> Check:
-    def check(recipe: "Recipe", facts: Facts) -> CheckResult:
-        if not needed_by(recipe):
-            return CheckResult(name, SKIP, why_not)
-        pin, have = cluster_pins()[key], facts.versions.get(key)
-        if have is None:
-            want = f" {pin}" if pin else ""
-            return CheckResult(name, FAIL, f"{key} is not installed; the recipe's {'rollout' if key == 'vllm' else 'trainer'} needs it",
-                               f"install {key}{want} (the {_kind(recipe.cluster.accelerator)} build) on every node")
-        if pin and not _matches(have, pin):
-            return CheckResult(name, WARN, f"{key} {have}, AMD ran {pin}", f"install {key}=={pin} to match the published run")
-        return CheckResult(name, PASS, f"{key} {have}" + (f" = pin {pin}" if pin else " (no pin: any version)"))
-
-    def needed_by(recipe: "Recipe") -> bool:
-        return recipe.rollout.backend == "vllm" if key == "vllm" else recipe.actor.backend == "megatron"
-
-    check.__name__ = f"check_{name}"
-    return check
-
-
-check_vllm = _check_package("vllm", "vllm", "rollout.backend is embedded: vLLM is not used")
-check_megatron = _check_package("megatron_core", "megatron-core", "actor.backend is embedded: Megatron-core is not used")
 
 
 def check_rdma(recipe: "Recipe", facts: Facts) -> CheckResult:
@@ -407,12 +337,6 @@ def check_shm(recipe: "Recipe", facts: Facts) -> CheckResult:
     return CheckResult("shm", PASS, detail)
 
 
-CHECKS: tuple[Check, ...] = (
-    check_ray, check_gpu_count, check_nodes, check_accelerator, check_fp8_format, check_platform, check_torch,
-    check_vllm, check_megatron, check_rdma, check_nccl_env, check_disk, check_host_ram, check_shm,
-)
-
-
 def run_checks(recipe: "Recipe", facts: Facts) -> list[CheckResult]:
     return [check(recipe, facts) for check in CHECKS]
 
@@ -424,6 +348,17 @@ def check_cluster(recipe: "Recipe", run_dir: str | os.PathLike | None = None,
 
     return run_checks(recipe, gather_facts(recipe, run_dir, start_local_ray=start_local_ray))
 
+
+# The version rows live in repro.cluster.readiness_versions (they read the recipe's cluster.versions).
+from repro.cluster.readiness_versions import (  # noqa: E402,F401
+    VERSION_CHECKS, check_lumenrl, check_megatron, check_platform, check_python, check_ray_version, check_torch,
+    check_transformers, check_vllm,
+)
+
+CHECKS: tuple[Check, ...] = (
+    check_ray, check_gpu_count, check_nodes, check_accelerator, check_fp8_format, *VERSION_CHECKS,
+    check_rdma, check_nccl_env, check_disk, check_host_ram, check_shm,
+)
 
 # How results are shown and saved lives in repro.cluster.readiness_report; re-exported for `checks.summary_line` etc.
 from repro.cluster.readiness_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: E402,F401

@@ -17,11 +17,25 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
+class ClusterVersions(Section):
+    """What the cluster's images run; `repro check` compares this host against it (null: any version, reported)."""
+
+    python: str | None = Field("3.12", description="Python of the images (AMD: vllm/vllm-openai-rocm:v0.25.1, Python 3.12); Ray needs one minor version on every node and the driver.")
+    torch: str | None = Field("2.11.0", description="torch version, compared without its +local tag (AMD's image: the ROCm build 2.11.0+gitd0c8b1f).")
+    rocm: str | None = Field("7.2", description="ROCm release, compared by prefix (AMD: ROCm 7.2); null on CUDA or CPU.")
+    vllm: str | None = Field("0.25.1", description="vLLM version the rollout runs (AMD: 0.25.1); checked when rollout.backend is vllm.")
+    ray: str | None = Field("2.56.1", description="Ray version on every node (LumenRL's Dockerfile.dsv4 installs ray[default]==2.56.1); nodes of other versions cannot join.")
+    transformers: str | None = Field("5.13.1", description="transformers in the images (vLLM 0.25.1's ROCm image; LumenRL's `transformers>=5.0` keeps it).")
+    megatron_core: str | None = Field(None, description="megatron-core version the trainer needs; null: any (AMD ran ROCm/Megatron-LM rocm_dev with a DSV4 patch, no release number).")
+    lumenrl: str | None = Field(None, description="LumenRL commit (or its first characters) the run expects; null: any commit, reported by `repro check`.")
+
+
 class ClusterConfig(Section):
     num_nodes: int = Field(3, ge=1, description="Ray nodes the run spans (AMD: 3 servers).")
     gpus_per_node: int = Field(8, ge=0, description="Accelerators per node; 0 means CPU mode (the tiny recipe).")
     accelerator: Literal["rocm", "cuda", "cpu"] = Field("rocm", description="Accelerator the recipe expects (AMD: ROCm 7.2, MI308X gfx942).")
     ray_address: str | None = Field("auto", description="Ray cluster to join; 'auto' finds a running one, null starts a local instance.")
+    versions: ClusterVersions = Field(default_factory=ClusterVersions, description="Software the cluster runs; `repro check` compares against it.")
 
 
 class ModelConfig(Section):
