@@ -319,7 +319,7 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
         return {"recipe": recipe, "run_dir": str(run_dir), "steps": steps or 0, "overrides": overrides,
                 "in_process": in_process, "out_dir": str(notebooks_dir)}, None
     if name in ("10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd"):
-        return {"run_dir": str(run_dir), "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}, None
+        return {"source": str(run_dir), "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}, None
     declared = notebook_parameters(name)
     resolved = load_recipe(recipe, overrides)
     own_out = notebooks_dir if name != "01_fp8_conversion" else run_dir / "fp8"
