@@ -212,8 +212,8 @@ def plot_train_rollout_mismatch(sources: Sources) -> Figure:
             colour = _colours(sources)[i][0]
             kl = frames.require(KL)
             ax_kl.plot(kl.index, kl.to_numpy(), color=colour, label=f"{frames.label}: k1 {KL} (can be < 0)")
-            for column, style, text in ((K3_KL, "--", f"k3 {K3_KL} (≥ 0)"),
-                                        (LUMENRL_K3, ":", f"LumenRL k3 {LUMENRL_K3}, on π_rollout/π_trainer (≥ 0)")):
+            lumenrl_k3 = f"LumenRL k3 {LUMENRL_K3}, on π_rollout/π_trainer (≥ 0)"
+            for column, style, text in ((K3_KL, "--", f"k3 {K3_KL} (≥ 0)"), (LUMENRL_K3, ":", lumenrl_k3)):
                 if column in frames.train.columns and frames.train[column].notna().any():
                     k3 = frames.require(column)
                     ax_kl.plot(k3.index, k3.to_numpy(), style, color=colour, label=f"{frames.label}: {text}")

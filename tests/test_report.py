@@ -60,6 +60,24 @@ def test_a_run_stopped_short_says_which_step_end_is(stopped_short):
     assert "The run stopped at step 40, short of its recipe's 75 steps." in text
 
 
+def test_one_evaluation_is_a_start_or_an_end_never_both(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "early", steps=75, seed=3)
+    log = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 21))  # killed before step 25's eval
+    frames = load_run(run_dir)
+    table = compare_to_amd(frames).set_index("metric")
+    assert table.loc["held-out avg@k, start", "step"] == 0
+    end = table.loc["held-out avg@k, end"]
+    assert math.isnan(end["run"]) and end["note"] == "one evaluation only: no evaluation after step 0"
+    assert "Evaluated at step 0; AMD publishes step 0 and step 75 only." in source_notes(frames)
+    lumenrl = load_sources(str(DATA / "lumenrl" / "train.log"))[0]
+    lumenrl.eval = lumenrl.eval.loc[[5]]
+    table = compare_to_amd(lumenrl).set_index("metric")
+    assert table.loc["held-out avg@k, start", "note"] == "one evaluation only: no evaluation before the first update"
+    assert table.loc["held-out avg@k, end", "step"] == 5
+
+
 def test_three_sources_side_by_side_name_what_each_lacks(three):
     labels = [f.label for f in three]
     assert labels == ["short", "lumenrl", "wandb"]

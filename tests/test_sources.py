@@ -43,6 +43,9 @@ def test_the_kind_is_read_from_the_content(run_dir, tmp_path):
     renamed = tmp_path / "history.txt"  # a W&B export without its .csv suffix
     shutil.copy(DATA / "wandb" / "lumenrl_history.csv", renamed)
     assert detect_kind([renamed]) == "wandb"
+    printed = tmp_path / "console.log"  # a log that opens with a printed config dict is still a log
+    printed.write_text("{'cluster': {'num_nodes': 3}}\n" + (DATA / "lumenrl" / "train.log").read_text())
+    assert detect_kind([printed]) == "lumenrl"
     (tmp_path / "notes.txt").write_text("step 1 went fine\nthen step 2\n")
     with pytest.raises(MetricsError, match=r"notes\.txt: cannot tell what this is .* prefix the kind: run:, wandb:"):
         detect_kind([tmp_path / "notes.txt"])

@@ -91,7 +91,8 @@ def eval_notes(frames: RunFrames) -> list[str]:
     steps = [int(s) for s in frames.eval[key].dropna().index]
     notes = []
     if tuple(steps) != AMD_EVAL_STEPS:
-        notes.append(f"Evaluated at steps {_steps(steps)}; AMD publishes step 0 and step {AMD_STEPS} only.")
+        notes.append(f"Evaluated at step{'s' if len(steps) > 1 else ''} {_steps(steps)}; AMD publishes step 0 and "
+                     f"step {AMD_STEPS} only.")
     if steps and steps[0] != 0:
         notes.append(f"No evaluation before the first update: \"start\" is step {steps[0]}, after {steps[0]} updates, "
                      "not AMD's step 0.")
@@ -113,8 +114,8 @@ def timing_notes(frames: RunFrames) -> list[str]:
     if origin == "timing/step_s":
         notes.append("Step time is LumenRL's `timing/step_s`, which stops before weight sync and validation.")
     elif frames.step_time_includes_eval:
-        notes.append("`timing_s/step` includes the evaluation time of steps that evaluated (verl/LumenRL time it inside "
-                     "the step); time-to-train does not add it again.")
+        notes.append("`timing_s/step` includes the evaluation time of steps that evaluated (verl/LumenRL time it "
+                     "inside the step); time-to-train does not add it again.")
     if frames.origin(timing_key("sync")) == "timing/weight_sync_s":
         notes.append("`timing_s/sync` comes from LumenRL's `timing/weight_sync_s`, logged only for syncs above 1 s.")
     return notes

@@ -85,7 +85,15 @@ def _heldout_rows(frames: RunFrames) -> list[dict]:
     if table.empty:
         return [_row(n, "fraction", key, a, note=lacks(key)) for n, a in zip(names, amd)]
     rows = []
-    for name, amd_avg, step, amd_step in zip(names, amd, (int(table.index[0]), int(table.index[-1])), (0, AMD_STEPS)):
+    steps = (int(table.index[0]), int(table.index[-1]))
+    if len(table) == 1:  # one evaluation is a start (step 0) or an end, never both
+        only = steps[0]
+        steps = (only, None) if only == 0 else (None, only)
+    for name, amd_avg, step, amd_step in zip(names, amd, steps, (0, AMD_STEPS)):
+        if step is None:
+            why = "no evaluation after step 0" if amd_step == AMD_STEPS else "no evaluation before the first update"
+            rows.append(_row(name, "fraction", key, amd_avg, note=f"one evaluation only: {why}"))
+            continue
         e = table.loc[step]
         notes = [f"{int(e['problems'])} problems"] if e["problems"] else ["no per-problem counts: no band"]
         if step != amd_step:

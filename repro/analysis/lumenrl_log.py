@@ -99,6 +99,6 @@ def read_lumenrl_log(path: str | Path, data_source: str | None = None, label: st
         notes.append("The log counts training steps from 0 (LumenRL before its 1-based logging); shifted by one so "
                      "step N is the state after N updates")
     if eval_lines:
-        notes.append(f"The {eval_lines} 'eval step=N' lines carry LumenRL's 0-based N: shown at step N + 1, the number of "
-                     "updates before that evaluation")
+        notes.append(f"The {eval_lines} 'eval step=N' lines carry LumenRL's 0-based N: shown at step N + 1, the "
+                     "number of updates before that evaluation")
     return frames_from_table(table, path, data_source, kind="lumenrl", label=label, notes=notes)

@@ -14,9 +14,9 @@ from repro.analysis.formats import fmt
 from repro.analysis.frame import STEP_SECONDS, RunFrames
 
 TITLE = "comparison with AMD's DeepSeek-V4-Flash RL run (24 x MI308X)"
-BANDS = ("Noise bands: phase means use the run's single-step spread / √n (×1.96); held-out accuracy uses a bootstrap "
-         "over problems (10,000 resamples, seed 0, 95% percentile interval) and asks whether AMD's value lies inside "
-         "the run's interval; throughput asks whether the run lies inside AMD's published 287-331 range.")
+BANDS = ("Noise bands: phase means use the run's single-step spread / √n (×1.96); held-out accuracy uses a "
+         "bootstrap over problems (10,000 resamples, seed 0, 95% percentile interval) and asks whether AMD's value "
+         "lies inside the run's interval; throughput asks whether the run lies inside AMD's published 287-331 range.")
 CPU_CAVEAT = ("**{who} a tiny CPU run: a mechanism check, not a replication.** It exercises every part of AMD's recipe "
               "(GRPO 32x8, FP8 rollout, TIS, R3, weight sync, avg@8 evaluation) on a ~2M-parameter model and a "
               "synthetic arithmetic task, so its accuracies, KL, ESS and throughput measure a different model on a "

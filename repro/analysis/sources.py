@@ -17,6 +17,7 @@ LumenRL's W&B export or JSONL (the same readers; LumenRL's key names are in the 
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,13 @@ def _sniff(path: Path) -> str:
         return handle.read(SNIFF_BYTES).decode("utf-8", errors="replace")
 
 
+def _json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 def detect_kind(paths: list[Path]) -> str:
     """run / wandb / lumenrl / verl, from what the files hold. Raises naming the path when it cannot tell."""
     from repro.analysis.lumenrl_log import is_lumenrl_log
@@ -93,7 +101,7 @@ def detect_kind(paths: list[Path]) -> str:
         return "run"
     text = _sniff(first)
     head = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    if head.startswith("{"):
+    if _json_object(head):  # a log that merely starts with a printed dict is not JSONL
         return "verl"
     if first.suffix.lower() == ".csv" or ("," in head and ("_step" in head or "Step" in head or " - " in head)):
         return "wandb"
@@ -193,7 +201,8 @@ def describe(frames: RunFrames) -> str:
     span = f"steps {int(steps.min())}-{int(steps.max())}" if len(steps) else "no steps"
     evals = ", ".join(str(int(s)) for s in frames.eval.index) or "none"
     what = frames.recipe.name if frames.recipe is not None else frames.kind
-    return f"{frames.label:<16} {what:<10} {frames.source}  ({len(steps)} training rows, {span}; evaluations at: {evals})"
+    return (f"{frames.label:<16} {what:<10} {frames.source}  ({len(steps)} training rows, {span}; "
+            f"evaluations at: {evals})")
 
 
 def default_output_dir(sources: list[RunFrames]) -> Path:

@@ -149,7 +149,8 @@ def time_to_train(frames: RunFrames, steps: int = 75, cores: int | None = None) 
     """
     step_s = frames.require(STEP_SECONDS)
     mean_step = float(step_s.mean())
-    eval_times = frames.eval[EVAL_SECONDS].fillna(0.0) if EVAL_SECONDS in frames.eval.columns else pd.Series(dtype=float)
+    has_eval_s = EVAL_SECONDS in frames.eval.columns
+    eval_times = frames.eval[EVAL_SECONDS].fillna(0.0) if has_eval_s else pd.Series(dtype=float)
     eval_s = float(eval_times.sum())
     outside = ~eval_times.index.isin(step_s.index)
     added_eval_s = float(eval_times[outside].sum()) if frames.step_time_includes_eval else eval_s
@@ -187,12 +188,13 @@ def phase_table(sources: list[RunFrames], phase_len: int = 25, amd: dict[int, fl
             rows.append({"source": frames.label, "note": f"no `{column}` in this source"})
             continue
         for phase, p in phase_means(frames.require(column), phase_len).iterrows():
+            half = 1.96 * p["sem"]
             rows.append({"source": frames.label, "phase": int(phase), "first_step": int(p["first_step"]),
                          "last_step": int(p["last_step"]), "steps": int(p["steps"]), "mean": p["mean"], "std": p["std"],
-                         "sem": p["sem"], "band_low": p["mean"] - 1.96 * p["sem"], "band_high": p["mean"] + 1.96 * p["sem"],
+                         "sem": p["sem"], "band_low": p["mean"] - half, "band_high": p["mean"] + half,
                          "amd": (amd or {}).get(int(phase), np.nan), "note": ""})
-    columns = ["source", "phase", "first_step", "last_step", "steps", "mean", "std", "sem", "band_low", "band_high", "amd",
-               "note"]
+    columns = ["source", "phase", "first_step", "last_step", "steps", "mean", "std", "sem", "band_low", "band_high",
+               "amd", "note"]
     return pd.DataFrame(rows, columns=columns)
 
 
