@@ -21,8 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("repro.commands.run", "the RL run of a recipe on Ray (--resume continues from the newest checkpoint)"),
     "check": ("repro.commands.check", "is this machine / Ray cluster ready for a recipe (PASS/WARN/FAIL/SKIP, --json)"),
     "launch": ("repro.commands.launch", "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),
-    "compare": ("repro.commands.compare", "this run beside AMD's published numbers, as a Markdown report"),
-    "figures": ("repro.commands.figures", "regenerate AMD's four charts from a run's log (PNG + SVG)"),
+    "compare": ("repro.commands.compare", "runs (repro run dir, W&B CSV, LumenRL log, verl JSONL) beside AMD's published numbers, as a Markdown report"),
+    "figures": ("repro.commands.figures", "AMD's four charts from one or more runs' logs, overlaid (PNG + SVG)"),
     "smoke": ("repro.commands.smoke", "3 optimizer steps of a recipe: the setup check before a long run"),
 }
 

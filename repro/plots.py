@@ -1,9 +1,11 @@
-"""AMD's four charts regenerated from a run's frames, with AMD's published numbers drawn beside the run's own.
+"""AMD's four charts regenerated from one or several sources' frames, AMD's published numbers drawn beside them.
 
 All styling lives in STYLE / the colour constants below; every figure is built inside ``styled()`` on the Agg
-canvas (no pyplot, so no global figure registry and no GUI backend). Each plotting function takes RunFrames and
-returns a Figure whose first line on each data axes is the run's per-step (or per-eval) series, unscaled:
-fractions stay fractions and the axis formatter shows percent.
+canvas (no pyplot, so no global figure registry and no GUI backend). Each plotting function takes RunFrames or a list
+of them (an own cluster run, the tiny run; R3 on and off ...) and overlays the sources in order, each in its own
+colour, labelled with the source's label; the first line on each data axes is the first source's per-step (or
+per-eval) series, unscaled: fractions stay fractions and the axis formatter shows percent. A source that lacks a
+figure's column is left out with a line under the figure naming the key; a figure none can draw raises MetricsError.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 import numpy as np
@@ -21,12 +24,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 from repro.analysis import summary
-from repro.analysis.frame import ACCURACY, ESS, KL, THROUGHPUT, MetricsError, RunFrames, load_run
+from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, THROUGHPUT, MetricsError, RunFrames
 from repro.reference import amd_value
 
 RUN_COLOUR = "#1f4e79"
 RUN_SUMMARY_COLOUR = "#2e8b57"
-AMD_COLOUR = "#ed1c24"  # AMD's brand red: everything AMD published is drawn in it
+AMD_COLOUR = "#ed1c24"  # AMD's brand red: everything AMD published is drawn in it, and no source is
+SOURCE_COLOURS = ("#1f4e79", "#2e8b57", "#7b3f99", "#d98c00", "#008b8b", "#6b6b6b")  # several sources, in order
+LUMENRL_K3 = "mismatch/k3_kl"  # LumenRL's k3, on π_rollout/π_trainer (repro.analysis.caveats)
 STYLE = {
     "figure.figsize": (8.0, 4.5),
     "figure.dpi": 100,
@@ -47,6 +52,7 @@ STYLE = {
 PNG_METADATA = {"Software": None}
 SVG_METADATA = {"Date": None, "Creator": None}
 FIGURE_NAMES = ("reward_accuracy", "heldout_accuracy", "rollout_throughput", "train_rollout_mismatch")
+Sources = RunFrames | Sequence[RunFrames]
 
 
 @contextmanager
@@ -61,6 +67,49 @@ def _new_figure(**subplots_kw) -> tuple[Figure, object]:
     return fig, fig.subplots(**subplots_kw)
 
 
+def _as_list(sources: Sources) -> list[RunFrames]:
+    return [sources] if isinstance(sources, RunFrames) else list(sources)
+
+
+def _colours(sources: list[RunFrames]) -> list[tuple[str, str]]:
+    """(per-step colour, summary colour) per source: one source keeps the two-colour look, several get one each."""
+    if len(sources) == 1:
+        return [(RUN_COLOUR, RUN_SUMMARY_COLOUR)]
+    return [(SOURCE_COLOURS[i % len(SOURCE_COLOURS)],) * 2 for i in range(len(sources))]
+
+
+def _having(sources: list[RunFrames], fig: Figure, figure: str, has) -> list[tuple[int, RunFrames]]:
+    """The sources that can be drawn (``has(frames)`` is None) with their index; the others are named under the
+    figure with the key they lack. Raises when none can."""
+    drawn, missing = [], []
+    for i, frames in enumerate(sources):
+        lacking = has(frames)
+        if lacking:
+            missing.append(f"{frames.label} (no {lacking})")
+        else:
+            drawn.append((i, frames))
+    if not drawn:
+        raise MetricsError(f"{figure}: no source has the data: {'; '.join(missing)}")
+    if missing:
+        fig.text(0.01, -0.02, "not shown: " + "; ".join(missing), fontsize=8, ha="left", va="top")
+    return drawn
+
+
+def _legend(ax, sources: list[RunFrames], loc: str) -> None:
+    """One source: the legend inside at ``loc``; several: outside on the right, where it hides no curve."""
+    if len(sources) == 1:
+        ax.legend(loc=loc)
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _lacks(column: str, frame: str = "train"):
+    def check(frames: RunFrames) -> str | None:
+        table = frames.train if frame == "train" else frames.eval
+        return None if column in table.columns and table[column].notna().any() else column
+    return check
+
+
 def _segments(rows, first="first_step", last="last_step", value="mean") -> tuple[np.ndarray, np.ndarray]:
     """Horizontal segments as one polyline broken by NaN: one artist however many phases (10,000-step logs)."""
     xs, ys = [], []
@@ -70,15 +119,18 @@ def _segments(rows, first="first_step", last="last_step", value="mean") -> tuple
     return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
-def plot_reward_accuracy(frames: RunFrames, phase_len: int = 25) -> Figure:
-    """Reward accuracy per step, 25-step phase means (run and AMD's ~45/53/59%), AMD's single-step range."""
-    series = frames.require(ACCURACY)
-    phases = summary.phase_means(series, phase_len)
+def plot_reward_accuracy(sources: Sources, phase_len: int = 25) -> Figure:
+    """Reward accuracy per step and its 25-step phase means for each source, AMD's ~45/53/59% and single-step range."""
+    sources = _as_list(sources)
     with styled():
         fig, ax = _new_figure()
-        ax.plot(series.index, series.to_numpy(), color=RUN_COLOUR, alpha=0.6, label="this run, per step")
-        ax.plot(*_segments(phases.to_dict("records")), color=RUN_SUMMARY_COLOUR, lw=2.5,
-                label=f"this run, {phase_len}-step mean")
+        for i, frames in _having(sources, fig, "reward accuracy", _lacks(ACCURACY)):
+            step_colour, mean_colour = _colours(sources)[i]
+            series = frames.require(ACCURACY)
+            phases = summary.phase_means(series, phase_len)
+            ax.plot(series.index, series.to_numpy(), color=step_colour, alpha=0.6, label=f"{frames.label}, per step")
+            ax.plot(*_segments(phases.to_dict("records")), color=mean_colour, lw=2.5,
+                    label=f"{frames.label}, {phase_len}-step mean")
         amd = [{"first_step": s0, "last_step": s1, "mean": amd_value(f"reward_acc_phase{i}")}
                for i, (s0, s1) in enumerate(((1, 25), (26, 50), (51, 75)), start=1)]
         ax.plot(*_segments(amd), color=AMD_COLOUR, lw=2.5, ls="--", label="AMD, 25-step mean (≈45/53/59%)")
@@ -88,48 +140,52 @@ def plot_reward_accuracy(frames: RunFrames, phase_len: int = 25) -> Figure:
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax.set(xlabel="optimizer step", ylabel="reward accuracy", title="Training reward accuracy per step",
                ylim=(0, 1))
-        ax.legend(loc="lower right")
+        _legend(ax, sources, "lower right")
     return fig
 
 
-def plot_heldout_accuracy(frames: RunFrames) -> Figure:
-    """Held-out avg@k per checkpoint with 95% bootstrap intervals over problems; AMD's 30.0% -> 49.2% on AIME."""
-    table = summary.eval_table(frames)
-    if table.empty:
-        raise MetricsError(f"{frames.source}: no eval rows with eval/avg@k: no held-out figure")
+def plot_heldout_accuracy(sources: Sources) -> Figure:
+    """Held-out avg@k per evaluation for each source, with 95% bootstrap intervals over problems where the source
+    logs per-problem counts; AMD's 30.0% -> 49.2% on AIME."""
+    sources = _as_list(sources)
     with styled():
         fig, ax = _new_figure()
-        ax.plot(table.index, table["avg"].to_numpy(), "o-", color=RUN_COLOUR, label=f"this run, {frames.avg_key}")
-        has_ci = table["low"].notna()
-        if has_ci.any():
-            ci = table[has_ci]
-            ax.errorbar(ci.index, ci["avg"], yerr=[ci["avg"] - ci["low"], ci["high"] - ci["avg"]], fmt="none",
-                        ecolor=RUN_COLOUR, capsize=4, label="95% bootstrap CI over problems")
+        for i, frames in _having(sources, fig, "held-out accuracy", lambda f: None if f.avg_key else "eval/avg@k"):
+            colour = _colours(sources)[i][0]
+            table = summary.eval_table(frames)
+            ax.plot(table.index, table["avg"].to_numpy(), "o-", color=colour, label=f"{frames.label}, {frames.avg_key}")
+            ci = table[table["low"].notna()]
+            if len(ci):
+                ax.errorbar(ci.index, ci["avg"], yerr=[ci["avg"] - ci["low"], ci["high"] - ci["avg"]], fmt="none",
+                            ecolor=colour, capsize=4, label=f"{frames.label}, 95% bootstrap CI over problems")
         start, end = amd_value("aime_avg8_start"), amd_value("aime_avg8_end")
         ax.plot([0, int(amd_value("steps"))], [start, end], "s--", color=AMD_COLOUR,
                 label="AMD, AIME-2024 avg@8 (30 problems): 30.0% → 49.2%")
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax.set(xlabel="optimizer step", ylabel="avg@k", title="Held-out accuracy per checkpoint", ylim=(0, 1))
-        ax.legend(loc="upper left")
+        _legend(ax, sources, "upper left")
     return fig
 
 
-def plot_rollout_throughput(frames: RunFrames) -> Figure:
-    """Rollout tokens/s per step with the means of each third; AMD's numbers in a side panel on their own axis
-    (an 8-GPU node's aggregate), because a run on other hardware is in a different range and unit scale."""
-    series = frames.require(THROUGHPUT)
-    stats = summary.throughput_summary(series)
-    parts = summary.thirds(series)
+def plot_rollout_throughput(sources: Sources) -> Figure:
+    """Rollout tokens/s per step with the means of each third for each source; AMD's numbers in a side panel on
+    their own axis (an 8-GPU node's aggregate), because a run on other hardware is in a different range."""
+    sources = _as_list(sources)
     with styled():
         fig, (ax, side) = _new_figure(ncols=2, gridspec_kw={"width_ratios": [4, 1]})
-        ax.plot(series.index, series.to_numpy(), color=RUN_COLOUR, alpha=0.7, label="this run, per step")
-        rows = [{"first_step": p.index[0], "last_step": p.index[-1], "mean": p.mean()} for p in parts if len(p)]
-        ax.plot(*_segments(rows), color=RUN_SUMMARY_COLOUR, lw=2.5,
-                label=f"this run, thirds: {stats['first_third']:.4g} / {stats['middle_third']:.4g} / "
-                      f"{stats['last_third']:.4g}")
-        ax.set(xlabel="optimizer step", ylabel="generated tokens/s (this run's rollout)",
+        for i, frames in _having(sources, fig, "rollout throughput", _lacks(THROUGHPUT)):
+            step_colour, mean_colour = _colours(sources)[i]
+            series = frames.require(THROUGHPUT)
+            stats = summary.throughput_summary(series)
+            ax.plot(series.index, series.to_numpy(), color=step_colour, alpha=0.7, label=f"{frames.label}, per step")
+            rows = [{"first_step": p.index[0], "last_step": p.index[-1], "mean": p.mean()}
+                    for p in summary.thirds(series) if len(p)]
+            ax.plot(*_segments(rows), color=mean_colour, lw=2.5,
+                    label=f"{frames.label}, thirds: {stats['first_third']:.1f} / {stats['middle_third']:.1f} / "
+                          f"{stats['last_third']:.1f}")
+        ax.set(xlabel="optimizer step", ylabel="generated tokens/s (whole rollout group)",
                title="Rollout throughput per step")
-        ax.legend(loc="lower left")
+        ax.legend(loc="lower left" if len(sources) == 1 else "best")
 
         low, high = amd_value("rollout_tokens_per_s_min"), amd_value("rollout_tokens_per_s_max")
         side.axhspan(low, high, color=AMD_COLOUR, alpha=0.12, label="range 287–331")
@@ -145,21 +201,34 @@ def plot_rollout_throughput(frames: RunFrames) -> Figure:
     return fig
 
 
-def plot_train_rollout_mismatch(frames: RunFrames) -> Figure:
-    """Train-rollout KL and importance-sampling ESS per step, with AMD's step-75 values (0.4706, 79.1%)."""
-    kl, ess = frames.require(KL), frames.require(ESS)
+def plot_train_rollout_mismatch(sources: Sources) -> Figure:
+    """Train-rollout KL (k1 solid, k3 dashed; LumenRL's own k3 dotted) and importance-sampling ESS per step for each
+    source, with AMD's step-75 values (0.4706, estimator not stated; 79.1%)."""
+    sources = _as_list(sources)
     with styled():
         fig, (ax_kl, ax_ess) = _new_figure(nrows=2, sharex=True)
         fig.set_size_inches(8.0, 6.0)
-        ax_kl.plot(kl.index, kl.to_numpy(), color=RUN_COLOUR, label=f"this run ({KL})")
-        ax_kl.plot([75], [amd_value("kl_train_rollout_step75")], "D", color=AMD_COLOUR, label="AMD, step 75: 0.4706")
+        for i, frames in _having(sources, fig, "train-rollout mismatch", _lacks(KL)):
+            colour = _colours(sources)[i][0]
+            kl = frames.require(KL)
+            ax_kl.plot(kl.index, kl.to_numpy(), color=colour, label=f"{frames.label}: k1 {KL} (can be < 0)")
+            lumenrl_k3 = f"LumenRL k3 {LUMENRL_K3}, on π_rollout/π_trainer (≥ 0)"
+            for column, style, text in ((K3_KL, "--", f"k3 {K3_KL} (≥ 0)"), (LUMENRL_K3, ":", lumenrl_k3)):
+                if column in frames.train.columns and frames.train[column].notna().any():
+                    k3 = frames.require(column)
+                    ax_kl.plot(k3.index, k3.to_numpy(), style, color=colour, label=f"{frames.label}: {text}")
+            if ESS in frames.train.columns and frames.train[ESS].notna().any():
+                ess = frames.require(ESS)
+                ax_ess.plot(ess.index, ess.to_numpy(), color=colour, label=f"{frames.label}: rollout IS ESS")
+        ax_kl.plot([75], [amd_value("kl_train_rollout_step75")], "D", color=AMD_COLOUR,
+                   label="AMD, step 75: 0.4706 (estimator not stated)")
+        ax_kl.axhline(0.0, color="#888888", lw=0.8)  # k1 below this line is noise outweighing the gap
         ax_kl.set(ylabel="KL(rollout ‖ trainer)", title="Training–rollout mismatch")
-        ax_ess.plot(ess.index, ess.to_numpy(), color=RUN_COLOUR, label="this run (rollout IS eff. sample size)")
         ax_ess.plot([75], [amd_value("ess_step75")], "D", color=AMD_COLOUR, label="AMD, step 75: 79.1%")
         ax_ess.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax_ess.set(xlabel="optimizer step", ylabel="effective sample size")
         for ax in (ax_kl, ax_ess):
-            ax.legend(loc="best")
+            _legend(ax, sources, "best")
     return fig
 
 
@@ -185,10 +254,13 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     return written
 
 
-def make_all_figures(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Every figure the run's log has data for, as PNG + SVG; a figure without its columns is skipped with a
-    warning naming what is missing (e.g. a run stopped before its first evaluation)."""
-    frames = load_run(run_dir)
+def make_all_figures(sources, out_dir: str | Path, **source_options) -> list[Path]:
+    """Every figure the sources have data for, as PNG + SVG; ``sources``: run sources (repro.analysis.sources) or
+    frames, one or a list. A figure no source can draw is skipped with a warning naming what is missing (e.g. a run
+    stopped before its first evaluation)."""
+    from repro.analysis.sources import load_sources
+
+    frames = load_sources(sources, **source_options)
     written = []
     for name, plot in FIGURES.items():
         try:

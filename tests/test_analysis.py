@@ -10,6 +10,7 @@ import pytest
 
 from repro.analysis import MetricsError, compare_to_amd, load_run, write_report
 from repro.analysis import summary
+from repro.analysis.frame import TornLineWarning
 from repro.analysis.synthetic import write_synthetic_run
 
 
@@ -93,16 +94,20 @@ def test_comparison_rows_and_values(cpu_run):
     assert (third["band_low"], third["band_high"]) == pytest.approx((third["run"] - half, third["run"] + half))
     assert third["inside"] == (third["band_low"] <= 0.59 <= third["band_high"])
     assert table.loc["reward accuracy, lowest single step", "run"] == acc.min()
-    end = table.loc["held-out eval/avg@8, end (step 75)"]
+    end = table.loc["held-out avg@k, end"]
+    assert (end["step"], end["key"], end["note"]) == (75, "eval/avg@8", "30 problems")
     avg, low, high = summary.bootstrap_avg_ci(cpu_run.eval.loc[75, "eval/correct_counts"], 8)
     assert (end["amd"], end["run"], end["band_low"], end["band_high"]) == pytest.approx((0.492, avg, low, high))
     thr = table.loc["rollout tokens/s, first third"]
     assert thr["run"] == pytest.approx(cpu_run.train["perf/rollout_tokens_per_s"].loc[1:25].mean())
     assert thr["inside"] is None  # a CPU run's tokens/s are not compared with an MI308X node's
-    kl = table.loc["train-rollout KL at step 75"]
+    kl = table.loc["train-rollout KL, k1 estimator, end"]
     assert (kl["amd"], kl["run"], kl["band"], kl["inside"]) == (0.4706, cpu_run.train.loc[75, "rollout_corr/kl"], "no band", None)
-    assert table.loc["effective sample size at step 75", "amd"] == 0.791
-    assert len(table) == 13
+    k3 = table.loc["train-rollout KL, k3 estimator, end"]
+    assert math.isnan(k3["amd"]) and k3["run"] == cpu_run.train.loc[75, "rollout_corr/k3_kl"] and k3["step"] == 75
+    assert table.loc["effective sample size, end", "amd"] == 0.791
+    assert table["quantity"].tolist() == ["fraction"] * 7 + ["tokens_per_s"] * 4 + ["kl", "kl", "fraction"]
+    assert len(table) == 14
 
 
 def test_gpu_run_compares_throughput_and_per_gpu(gpu_run):
@@ -133,7 +138,8 @@ def test_load_run_errors_name_the_file(tmp_path):
     log = run_dir / "metrics.jsonl"
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines) + '\n{"kind": "train", "st')  # torn last line: dropped, as the run does
-    assert load_run(run_dir).train.index.tolist() == [1, 2, 3, 4, 5]
+    with pytest.warns(TornLineWarning, match=rf"metrics\.jsonl:{len(lines) + 1}: torn last line dropped"):
+        assert load_run(run_dir).train.index.tolist() == [1, 2, 3, 4, 5]
     log.write_text("\n".join(lines[:2] + ["{not json"] + lines[2:]) + "\n")
     with pytest.raises(MetricsError, match=r"metrics.jsonl:3: corrupt line"):
         load_run(run_dir)

@@ -31,9 +31,11 @@ def test_an_undeclared_parameter_is_refused_naming_it_and_the_nearest_declared_o
 
 def test_notebook_setup_resolves_the_declared_defaults_and_refuses_injected_strangers(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(repro.REPO_DIR / "notebooks")  # where JupyterLab starts the kernel
-    params = notebook_setup("10_reward_by_phase", {"In": [""], "run_dir": "runs/tiny-cpu"})
-    assert params.run_dir == repro.REPO_DIR / "runs" / "tiny-cpu"
+    params = notebook_setup("10_reward_by_phase", {"In": [""], "source": "runs/tiny-cpu", "report": "x"})
+    assert params.source == "runs/tiny-cpu"  # a run source, resolved by repro.analysis.sources (tests/test_sources.py)
     assert params.out_dir is None and params.phase_len == 25
-    assert str(repro.REPO_DIR / "runs" / "tiny-cpu") in capsys.readouterr().out
-    with pytest.raises(NotebookError, match="unknown parameter"):
-        notebook_setup("10_reward_by_phase", {"In": ["# Parameters\nrun_dri = 'x'\n"]})
+    params = notebook_setup("20_compare_to_amd", {"In": [""], "report": "out/comparison.md"})
+    assert params.report == repro.REPO_DIR / "notebooks" / "out" / "comparison.md"  # typed: from the working directory
+    assert str(repro.REPO_DIR / "notebooks" / "out" / "comparison.md") in capsys.readouterr().out
+    with pytest.raises(NotebookError, match=r"unknown parameter\(s\) run_dir \(did you mean"):
+        notebook_setup("10_reward_by_phase", {"In": ["# Parameters\nrun_dir = 'x'\n"]})

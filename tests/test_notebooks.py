@@ -134,47 +134,50 @@ def test_full_run_resumes_and_draws_the_live_plot(chain):
 @pytest.mark.slow
 def test_reward_by_phase_records_the_summary_phase_means(chain, tmp_path):
     result, frames = chain
-    accuracy = frames.train["reward/accuracy"]
+    accuracy, label = frames.train["reward/accuracy"], frames.label
     rec = result.results["10_reward_by_phase"]
     expected = summary.phase_means(accuracy, 25)
-    assert rec["phase_means"] == {"1": pytest.approx(expected.loc[1, "mean"])} and rec["phase_steps"] == {"1": STEPS}
+    assert rec["sources"] == [label]
+    assert rec["phase_means"] == {label: {"1": pytest.approx(expected.loc[1, "mean"])}}
+    assert rec["phase_steps"] == {label: {"1": STEPS}}
     assert rec["amd_phase_means"] == {"1": 0.45, "2": 0.53, "3": 0.59}
-    assert rec["extremes"] == summary.step_extremes(accuracy)
+    assert rec["extremes"] == {label: summary.step_extremes(accuracy)}
     # a shorter phase gives several phases, each the summary's mean
-    again = execute_notebook("10_reward_by_phase", tmp_path, {"run_dir": str(result.run_dir), "out_dir": str(tmp_path),
+    again = execute_notebook("10_reward_by_phase", tmp_path, {"source": str(result.run_dir), "out_dir": str(tmp_path),
                                                               "figures_dir": str(tmp_path), "phase_len": 2})
     expected = summary.phase_means(accuracy, 2)
-    assert again["phase_means"] == {str(p): pytest.approx(m) for p, m in expected["mean"].items()}
-    assert len(again["phase_means"]) == 2
+    assert again["phase_means"][label] == {str(p): pytest.approx(m) for p, m in expected["mean"].items()}
+    assert len(again["phase_means"][label]) == 2
 
 
 @pytest.mark.slow
 def test_aime_records_avg_and_bootstrap_intervals_per_checkpoint(chain):
     result, frames = chain
-    rec = result.results["11_aime"]
+    rec, label = result.results["11_aime"], frames.label
     table = summary.eval_table(frames)
-    assert rec["avg_key"] == "eval/avg@1" and rec["eval_steps"] == [3, 4]
+    assert rec["avg_key"] == {label: "eval/avg@1"} and rec["eval_steps"] == {label: [3, 4]}
     for step, row in table.iterrows():
-        s = str(step)
-        assert rec["avg"][s] == pytest.approx(row["avg"]) and rec["problems"][s] == 30
-        assert rec["ci_low"][s] == pytest.approx(row["low"]) and rec["ci_high"][s] == pytest.approx(row["high"])
-        assert rec["ci_low"][s] <= rec["avg"][s] <= rec["ci_high"][s]
+        s, avg, low, high = str(step), rec["avg"][label], rec["ci_low"][label], rec["ci_high"][label]
+        assert avg[s] == pytest.approx(row["avg"]) and rec["problems"][label][s] == 30
+        assert low[s] == pytest.approx(row["low"]) and high[s] == pytest.approx(row["high"])
+        assert low[s] <= avg[s] <= high[s]
     assert (rec["amd_start"], rec["amd_end"]) == (0.30, 0.492)
 
 
 @pytest.mark.slow
 def test_throughput_and_mismatch_records_equal_the_summary(chain):
     result, frames = chain
-    tp = result.results["12_throughput"]
+    tp, label = result.results["12_throughput"], frames.label
     expected = summary.throughput_summary(frames.train["perf/rollout_tokens_per_s"])
-    assert tp["throughput"] == {k: pytest.approx(v) for k, v in expected.items()}
-    assert tp["throughput"]["mean"] > 0 and tp["amd_throughput"]["mean"] == 311
-    assert tp["time_to_train"]["unit"] == "core-hours"
+    assert tp["throughput"] == {label: {k: pytest.approx(v) for k, v in expected.items()}}
+    assert tp["throughput"][label]["mean"] > 0 and tp["amd_throughput"]["mean"] == 311
+    assert tp["time_to_train"][label]["unit"] == "core-hours"
     mm = result.results["13_kl_ess"]
-    assert mm["kl_step"] == mm["ess_step"] == STEPS
-    assert mm["kl"] == pytest.approx(frames.train["rollout_corr/kl"].iloc[-1])
-    assert mm["ess"] == pytest.approx(frames.train["rollout_corr/rollout_is_eff_sample_size"].iloc[-1])
-    assert 0 < mm["ess"] <= 1 and (mm["amd_kl_step75"], mm["amd_ess_step75"]) == (0.4706, 0.791)
+    assert mm["kl_step"] == mm["ess_step"] == mm["k3_step"] == {label: STEPS}
+    assert mm["kl"][label] == pytest.approx(frames.train["rollout_corr/kl"].iloc[-1])
+    assert mm["k3"][label] == pytest.approx(frames.train["rollout_corr/k3_kl"].iloc[-1])
+    assert mm["ess"][label] == pytest.approx(frames.train["rollout_corr/rollout_is_eff_sample_size"].iloc[-1])
+    assert 0 < mm["ess"][label] <= 1 and (mm["amd_kl_step75"], mm["amd_ess_step75"]) == (0.4706, 0.791)
 
 
 @pytest.mark.slow
@@ -182,12 +185,13 @@ def test_compare_records_the_comparison_rows_and_writes_the_report(chain):
     result, frames = chain
     rec = result.results["20_compare_to_amd"]
     table = compare_to_amd(frames)
-    assert rec["metrics"] == table["metric"].tolist()
-    assert len(rec["rows"]) == len(table) > 5
-    for got, want in zip(rec["rows"], table.to_dict("records")):
-        assert got["amd"] == pytest.approx(want["amd"])
-        assert (got["run"] is None and math.isnan(want["run"])) or got["run"] == pytest.approx(want["run"])
-    assert rec["rows"][0]["amd"] == amd_value("reward_acc_phase1")
+    assert rec["metrics"] == table["metric"].tolist() and rec["sources"] == [frames.label]
+    rows = rec["rows"][frames.label]
+    assert len(rows) == len(table) > 5
+    for got, want in zip(rows, table.to_dict("records")):
+        for column in ("amd", "run"):  # NaN (the k3 row has no AMD value; a phase the run lacks) is recorded as null
+            assert (got[column] is None and math.isnan(want[column])) or got[column] == pytest.approx(want[column])
+    assert rows[0]["amd"] == amd_value("reward_acc_phase1")
     assert Path(rec["report"]) == result.report == result.run_dir / "comparison.md"
     assert "mechanism check, not a replication" in result.report.read_text()
 
@@ -206,11 +210,38 @@ def test_figures_exist_as_png_and_svg(chain):
 @pytest.mark.slow
 def test_a_failing_notebook_is_named_with_its_cell(tmp_path):
     with pytest.raises(NotebookError) as err:
-        execute_notebook("13_kl_ess", tmp_path, {"run_dir": str(tmp_path / "no-such-run")})
+        execute_notebook("13_kl_ess", tmp_path, {"source": str(tmp_path / "no-such-run")})
     message = str(err.value)
     assert "13_kl_ess" in message and "cell" in message and "MetricsError" in message
-    assert "run directory not found" in message and str(tmp_path / "13_kl_ess.ipynb") in message
+    assert "no such file or folder" in message and str(tmp_path / "13_kl_ess.ipynb") in message
     assert not (tmp_path / "13_kl_ess.results.json").exists()
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.slow
+def test_analysis_notebooks_read_imported_logs_several_at_once(tmp_path):
+    """The walkthroughs on other frameworks' logs: a LumenRL console log, a verl JSONL and W&B panel exports, each
+    recorded value equal to what repro.analysis computes from the same files."""
+    from repro.analysis import load_sources
+
+    sources = [f"lumenrl={DATA / 'lumenrl' / 'train.log'}", f"verl={DATA / 'verl' / 'metrics.jsonl'}",
+               f"panels=wandb:{DATA / 'wandb'}/panel_*.csv"]
+    frames = load_sources(sources)
+    params = {"source": sources, "out_dir": str(tmp_path), "figures_dir": str(tmp_path / "figures")}
+    mm = execute_notebook("13_kl_ess", tmp_path, params)
+    assert mm["sources"] == ["lumenrl", "verl", "panels"]
+    assert mm["kl"] == {"lumenrl": -0.0007, "verl": 0.0015, "panels": -0.0007}
+    assert mm["kl_step"] == {"lumenrl": 12, "verl": 6, "panels": 10}
+    assert mm["k3"] == {"lumenrl": 0.0021, "verl": 0.0012, "panels": None}  # the panels hold no rollout_corr/k3_kl
+    rec = execute_notebook("20_compare_to_amd", tmp_path, {**params, "report": str(tmp_path / "comparison.md")})
+    for f in frames:
+        assert [r["metric"] for r in rec["rows"][f.label]] == compare_to_amd(f)["metric"].tolist()
+        assert rec["notes"][f.label][0].startswith(f"{int(f.train.index.max())} steps logged, fewer than AMD's 75")
+    assert rec["rows"]["panels"][7]["note"] == "no `perf/rollout_tokens_per_s` in this source"
+    assert (tmp_path / "comparison.md").read_text().startswith("# lumenrl, verl, panels: comparison")
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.svg")) == ["train_rollout_mismatch.svg"]
 
 
 def test_unknown_chain_notebook_is_refused(tmp_path):

@@ -1,16 +1,20 @@
-"""Figures: files written atomically as PNG + SVG, and every plotted series is the frame's data unchanged."""
+"""Figures: files written atomically as PNG + SVG, every plotted series is the frame's data unchanged, several
+sources overlay in their own colours, and a source that lacks a figure's column is named under it."""
 
 import argparse
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from repro.analysis import load_run
+from repro.analysis import MetricsError, load_run, load_source
 from repro.analysis import summary
 from repro.analysis.synthetic import write_synthetic_run
 from repro.plots import (AMD_COLOUR, FIGURE_NAMES, make_all_figures, plot_heldout_accuracy, plot_reward_accuracy,
                          plot_rollout_throughput, plot_train_rollout_mismatch, save_figure)
+
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +75,42 @@ def test_throughput_run_axis_and_separate_amd_axis(frames):
     np.testing.assert_allclose(amd_ax.lines[0].get_ydata(), [315.2, 308.6])
 
 
-def test_mismatch_plots_kl_and_ess_with_amd_step75(frames):
+def test_mismatch_plots_k1_and_k3_labelled_with_amd_step75(frames):
     ax_kl, ax_ess = plot_train_rollout_mismatch(frames).axes
-    np.testing.assert_array_equal(ax_kl.lines[0].get_ydata(), frames.train["rollout_corr/kl"].to_numpy())
+    k1, k3, amd_kl, zero = ax_kl.lines
+    np.testing.assert_array_equal(k1.get_ydata(), frames.train["rollout_corr/kl"].to_numpy())
+    np.testing.assert_array_equal(k3.get_ydata(), frames.train["rollout_corr/k3_kl"].to_numpy())
+    assert (k1.get_label(), k1.get_linestyle()) == ("run0: k1 rollout_corr/kl (can be < 0)", "-")
+    assert (k3.get_label(), k3.get_linestyle()) == ("run0: k3 rollout_corr/k3_kl (≥ 0)", "--")
+    assert (amd_kl.get_xdata()[0], amd_kl.get_ydata()[0]) == (75, 0.4706)
+    assert "estimator not stated" in amd_kl.get_label() and zero.get_ydata()[0] == 0.0
     np.testing.assert_array_equal(ax_ess.lines[0].get_ydata(),
                                   frames.train["rollout_corr/rollout_is_eff_sample_size"].to_numpy())
-    assert (ax_kl.lines[1].get_xdata()[0], ax_kl.lines[1].get_ydata()[0]) == (75, 0.4706)
     assert (ax_ess.lines[1].get_xdata()[0], ax_ess.lines[1].get_ydata()[0]) == (75, 0.791)
+
+
+def test_several_sources_overlay_in_their_own_colours(frames):
+    log = load_source(DATA / "lumenrl" / "train.log")
+    ax = plot_reward_accuracy([frames, log]).axes[0]
+    ours, ours_mean, theirs, theirs_mean = ax.lines[:4]
+    np.testing.assert_array_equal(ours.get_ydata(), frames.train["reward/accuracy"].to_numpy())
+    np.testing.assert_array_equal(theirs.get_xdata(), np.arange(1, 13))
+    np.testing.assert_array_equal(theirs.get_ydata(), log.train["reward/accuracy"].to_numpy())
+    assert [line.get_label() for line in (ours, theirs_mean)] == ["run0, per step", "train, 25-step mean"]
+    assert ours.get_color() == ours_mean.get_color() != theirs.get_color() != AMD_COLOUR
+    ax_kl = plot_train_rollout_mismatch([frames, log]).axes[0]
+    lumen_k3 = [line for line in ax_kl.lines if "mismatch/k3_kl" in line.get_label()]
+    assert [line.get_label() for line in lumen_k3] == ["train: LumenRL k3 mismatch/k3_kl, on π_rollout/π_trainer (≥ 0)"]
+    np.testing.assert_array_equal(lumen_k3[0].get_ydata(), log.train["mismatch/k3_kl"].to_numpy())
+
+
+def test_a_source_without_the_column_is_named_under_the_figure(frames):
+    panels = load_source("wandb:" + str(DATA / "wandb" / "panel_*.csv"))
+    fig = plot_rollout_throughput([frames, panels])
+    assert [t.get_text() for t in fig.texts] == ["not shown: wandb (no perf/rollout_tokens_per_s)"]
+    assert len(fig.axes[0].lines) == 2  # the run's per-step series and its thirds only
+    with pytest.raises(MetricsError, match=r"held-out accuracy: no source has the data: wandb \(no eval/avg@k\)"):
+        plot_heldout_accuracy(panels)
 
 
 def test_save_is_reproducible(frames, tmp_path):
@@ -105,3 +138,7 @@ def test_figures_command(run_dir, tmp_path):
     assert parser.parse_args([str(run_dir)]).out.name == "figures"
     assert figures.run(parser.parse_args([str(run_dir), "--out", str(tmp_path / "out")])) == 0
     assert len(list((tmp_path / "out").glob("*.svg"))) == 4
+    # several sources at once, of several kinds: every figure some source can draw
+    sources = [str(run_dir), str(DATA / "lumenrl" / "train.log"), "wandb:" + str(DATA / "wandb" / "panel_*.csv")]
+    assert figures.run(parser.parse_args(sources + ["--out", str(tmp_path / "three")])) == 0
+    assert len(list((tmp_path / "three").glob("*.svg"))) == 4

@@ -1,14 +1,16 @@
-"""A run's metrics as two pandas frames (train rows by step, eval rows by step) plus its recipe.
+"""A run's metrics as two pandas frames (train rows by step, eval rows by step) plus what is known about where
+they came from.
 
-Column names are our own log keys (see repro/run/steps.py: ``reward/accuracy``, ``rollout_corr/kl``,
-``timing_s/step``, ``eval/avg@8`` ...); the importers map W&B and verl/LumenRL exports onto the same names, so
-every summary, comparison and figure reads one vocabulary.
+Column names are our own log keys (repro/metric_keys.py: ``reward/accuracy``, ``rollout_corr/kl``,
+``timing_s/step``, ``eval/avg@8`` ...); the importers map W&B exports, verl/LumenRL JSONL and LumenRL text logs
+onto the same names, so every summary, comparison and figure reads one vocabulary.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +19,7 @@ import yaml
 from repro.errors import ReproError
 # The canonical names the analysis reads; anything else in a log is kept as it is.
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
-    ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
+    ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
 from repro.recipes.schema import Recipe
 
@@ -29,21 +31,57 @@ class MetricsError(ReproError, ValueError):
     """A metrics log or export is missing, empty, corrupt, or lacks a column the analysis needs."""
 
 
+class TornLineWarning(UserWarning):
+    """The last line of a log was cut off (a run killed mid-write): it is dropped, the rest is read."""
+
+
 @dataclass
 class RunFrames:
-    """train: one row per optimizer step, index ``step``. eval: one row per evaluation, index ``step``.
-    recipe: the run's resolved recipe, or None for an imported export (no recipe travels with it)."""
+    """train: one row per optimizer step, index ``step`` (1-based). eval: one row per evaluation, index ``step``
+    (0 = before the first update).
+
+    recipe: the run's resolved recipe, or None for an imported log (no recipe travels with it).
+    label: the name tables and legends use for this source. kind: "repro", "wandb", "lumenrl" or "jsonl".
+    origins: our column -> the key it was read from, where an importer renamed one (``perf/rollout_tokens_per_s``
+    <- ``throughput/gen_tok_per_s``). notes: what the importer had to decide about this log, in sentences.
+    step_time_includes_eval: ``timing_s/step`` already contains the evaluation time of steps that evaluated
+    (verl and LumenRL time validation inside the step; our own loop logs it apart as ``timing_s/eval``).
+    """
 
     train: pd.DataFrame
     eval: pd.DataFrame
     recipe: Recipe | None
     source: Path
+    label: str = ""
+    kind: str = "repro"
+    origins: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    step_time_includes_eval: bool = False
+
+    def __post_init__(self):
+        self.source = Path(self.source)
+        if not self.label:
+            self.label = self.source.stem if self.source.suffix else self.source.name
 
     @property
     def avg_key(self) -> str | None:
         """The eval accuracy column, ``eval/avg@k`` for whatever k the run used."""
         keys = [c for c in self.eval.columns if c.startswith("eval/avg@")]
         return keys[0] if keys else None
+
+    @property
+    def planned_steps(self) -> int | None:
+        """The steps the run was meant to take (its recipe's), or None when no recipe came with the log."""
+        return self.recipe.steps if self.recipe is not None else None
+
+    @property
+    def has_problem_counts(self) -> bool:
+        """Whether evaluations carry per-problem correct counts (what a bootstrap interval needs)."""
+        return CORRECT_COUNTS in self.eval.columns and self.eval[CORRECT_COUNTS].notna().any()
+
+    def origin(self, column: str) -> str:
+        """The key a column was read under in the source log (itself when nothing was renamed)."""
+        return self.origins.get(column, column)
 
     def require(self, column: str, frame: str = "train") -> pd.Series:
         table = self.train if frame == "train" else self.eval
@@ -52,14 +90,14 @@ class RunFrames:
         return table[column].dropna()
 
 
-def frames_from_rows(rows: list[dict], source: Path, recipe: Recipe | None = None) -> RunFrames:
+def frames_from_rows(rows: list[dict], source: Path, recipe: Recipe | None = None, **about) -> RunFrames:
     """Split rows by ``kind`` into step-indexed frames. A step logged twice keeps its last row (a resumed run
     whose log was not truncated repeats steps; the later row is the one the run continued from)."""
     train = [r for r in rows if r.get("kind", "train") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
     if not train:
         raise MetricsError(f"{source}: no training rows (kind 'train') in the log")
-    return RunFrames(_by_step(train, source), _by_step(evals, source), recipe, Path(source))
+    return RunFrames(_by_step(train, source), _by_step(evals, source), recipe, Path(source), **about)
 
 
 def _by_step(rows: list[dict], source: Path) -> pd.DataFrame:
@@ -73,9 +111,15 @@ def _by_step(rows: list[dict], source: Path) -> pd.DataFrame:
     return table
 
 
+def warn_torn_line(path: Path, number: int, why: str) -> None:
+    warnings.warn(f"{path}:{number}: torn last line dropped ({why}); a run killed mid-write leaves one",
+                  TornLineWarning, stacklevel=3)
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL log. A torn last line (a run killed mid-write) is dropped, as the run itself does; a bad
-    line anywhere else is corruption and is reported with its line number."""
+    """Rows of a JSONL log. A torn last line (a run killed mid-write) is dropped with a TornLineWarning naming the
+    file and line, as the run itself drops it; a bad line anywhere else is corruption and is an error."""
+    path = Path(path)
     if not path.is_file():
         raise MetricsError(f"{path}: metrics log not found")
     lines = path.read_text().splitlines()
@@ -87,6 +131,7 @@ def read_jsonl(path: Path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             if number == len(lines):
+                warn_torn_line(path, number, f"not valid JSON: {err.msg}")
                 break
             raise MetricsError(f"{path}:{number}: corrupt line ({err.msg})") from None
         if not isinstance(row, dict):
@@ -111,11 +156,11 @@ def read_recipe(path: Path) -> Recipe:
     return validate_recipe(data, source=str(path))
 
 
-def load_run(run_dir: str | Path) -> RunFrames:
+def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     """The frames of a run dir written by ``repro run`` (metrics.jsonl + recipe.yaml)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise MetricsError(f"{run_dir}: run directory not found")
     path = run_dir / METRICS_FILE
     recipe = read_recipe(run_dir / RECIPE_FILE)
-    return frames_from_rows(read_jsonl(path), path, recipe)
+    return frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro")

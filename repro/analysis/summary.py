@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from repro.analysis.frame import (CORRECT_COUNTS, EVAL_SECONDS, SAMPLES_PER_PROBLEM, STEP_SECONDS, MetricsError,
-                                  RunFrames)
+from repro.analysis.frame import (ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM,
+                                  STEP_SECONDS, MetricsError, RunFrames)
+from repro.metric_keys import CHI2_SEQ, CHI2_TOKEN, IS_FRACTION_HIGH
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -141,13 +142,19 @@ def hardware(frames: RunFrames, cores: int | None = None) -> Hardware | None:
 def time_to_train(frames: RunFrames, steps: int = 75, cores: int | None = None) -> dict[str, float | str]:
     """Wall time per step and for ``steps`` steps, and device-hours: GPU-hours on a cluster, core-hours on CPU.
 
-    ``step_s`` is the mean of ``timing_s/step`` (rollout + reward + rescoring + update + sync); evaluation is
-    logged separately (``timing_s/eval``) and added once per eval row actually run.
+    ``step_s`` is the mean of ``timing_s/step`` (rollout + reward + rescoring + update + sync). Our loop logs
+    evaluation apart (``timing_s/eval``), added once per eval row actually run; verl and LumenRL time it inside the
+    step (``frames.step_time_includes_eval``), so there only evaluations outside any step (verl's before the first
+    update, at step 0) are added.
     """
     step_s = frames.require(STEP_SECONDS)
     mean_step = float(step_s.mean())
-    eval_s = float(frames.eval[EVAL_SECONDS].sum()) if EVAL_SECONDS in frames.eval.columns else 0.0
-    logged_h = (float(step_s.sum()) + eval_s) / 3600.0
+    has_eval_s = EVAL_SECONDS in frames.eval.columns
+    eval_times = frames.eval[EVAL_SECONDS].fillna(0.0) if has_eval_s else pd.Series(dtype=float)
+    eval_s = float(eval_times.sum())
+    outside = ~eval_times.index.isin(step_s.index)
+    added_eval_s = float(eval_times[outside].sum()) if frames.step_time_includes_eval else eval_s
+    logged_h = (float(step_s.sum()) + added_eval_s) / 3600.0
     out: dict[str, float | str] = {
         "steps_logged": float(len(step_s)), "step_s_mean": mean_step, "step_s_median": float(step_s.median()),
         "eval_s_total": eval_s, "hours_logged": logged_h, "hours_for_steps": mean_step * steps / 3600.0,
@@ -168,3 +175,52 @@ def per_gpu_throughput(aggregate_tokens_per_s: float, gpus: int) -> float:
     if gpus <= 0:
         raise MetricsError("per-GPU throughput needs a GPU count above 0 (a CPU run has none)")
     return aggregate_tokens_per_s / gpus
+
+
+def phase_table(sources: list[RunFrames], phase_len: int = 25, amd: dict[int, float] | None = None,
+                column: str = ACCURACY) -> pd.DataFrame:
+    """Phase means of ``column`` for several sources, one row per (source, phase): first/last step, steps logged,
+    mean, std, sem, the 95% band mean ± 1.96·sem, and AMD's phase mean where ``amd`` gives one. A source without the
+    column gets one row whose note names the key."""
+    rows = []
+    for frames in sources:
+        if column not in frames.train.columns or frames.train[column].dropna().empty:
+            rows.append({"source": frames.label, "note": f"no `{column}` in this source"})
+            continue
+        for phase, p in phase_means(frames.require(column), phase_len).iterrows():
+            half = 1.96 * p["sem"]
+            rows.append({"source": frames.label, "phase": int(phase), "first_step": int(p["first_step"]),
+                         "last_step": int(p["last_step"]), "steps": int(p["steps"]), "mean": p["mean"], "std": p["std"],
+                         "sem": p["sem"], "band_low": p["mean"] - half, "band_high": p["mean"] + half,
+                         "amd": (amd or {}).get(int(phase), np.nan), "note": ""})
+    columns = ["source", "phase", "first_step", "last_step", "steps", "mean", "std", "sem", "band_low", "band_high",
+               "amd", "note"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+# What each mismatch key estimates, said once for every table that shows them (LumenRL's keys: repro.analysis.caveats).
+MISMATCH_KEYS = {
+    KL: ("kl", "k1: mean log π_rollout − log π_trainer; can be < 0"),
+    K3_KL: ("kl", "k3: mean ρ − log ρ − 1, ρ = π_trainer/π_rollout; ≥ 0"),
+    CHI2_TOKEN: ("kl", "χ² per token, E[ρ²] − 1; a sample estimate, can be < 0"),
+    CHI2_SEQ: ("kl", "χ² per sequence, E[(Πρ)²] − 1; can be < 0"),
+    ESS: ("fraction", "effective sample size of the truncated IS weights, 0–100%"),
+    IS_FRACTION_HIGH: ("fraction", "share of tokens whose IS weight was truncated"),
+    "mismatch/k3_kl": ("kl", "LumenRL: k3 on w = π_rollout/π_trainer, mean w − log w − 1; ≥ 0"),
+    "mismatch/chi2_token": ("kl", "LumenRL: mean (w − 1)², w = π_rollout/π_trainer; ≥ 0"),
+    "mismatch/abs_diff": ("kl", "LumenRL: mean |log π_rollout − log π_trainer|"),
+}
+
+
+def mismatch_summary(frames: RunFrames) -> pd.DataFrame:
+    """The mismatch keys this source logs: what each estimates, its quantity, mean, min, max, and the value at the
+    last logged step (index: the key)."""
+    rows = {}
+    for key, (quantity, what) in MISMATCH_KEYS.items():
+        if key in frames.train.columns and frames.train[key].notna().any():
+            values = frames.require(key)
+            rows[key] = {"estimates": what, "quantity": quantity, "mean": float(values.mean()),
+                         "min": float(values.min()), "max": float(values.max()), "last_step": int(values.index[-1]),
+                         "last": float(values.iloc[-1])}
+    return pd.DataFrame.from_dict(rows, orient="index",
+                                  columns=["estimates", "quantity", "mean", "min", "max", "last_step", "last"])

@@ -55,7 +55,7 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
     from repro.recipes import load_recipe
     from repro.run.start import SMOKE_STEPS
 
-    pool = {"recipe": recipe, "run_dir": str(run_dir), "steps": steps or 0, "overrides": overrides,
+    pool = {"recipe": recipe, "run_dir": str(run_dir), "source": str(run_dir), "steps": steps or 0, "overrides": overrides,
             "in_process": in_process, "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}
     results_dir = None
     if name == "02_smoke_run":

@@ -1,0 +1,104 @@
+"""LumenRL's console log (what its ``LoggingCallback`` writes through Python logging) into RunFrames.
+
+What LumenRL writes, read in its source (``lumenrl/trainer/callbacks.py``, ``trainer/main.py``, ``rl_trainer.py``):
+
+- one INFO record per step, message ``step=N k=v k=v ...``: keys sorted, values ``%.6g`` (so ``nan``, ``inf``,
+  ``1e-06`` occur); N is 1-based in current LumenRL (``step + 1``), 0-based in older versions (a ``step=0`` line
+  gives those away; they are shifted by one, with a note);
+- the record carries the logging prefix ``%(asctime)s [%(levelname)s] %(name)s: `` and, from a Ray worker, Ray's
+  ``(Actor pid=...)`` prefix; other messages that mention a step (``[eval] step=5 acc=...``, ``ENT_DIAG step=0
+  ...``, ``Saving checkpoint step=25: ...``) are not metrics and are skipped, because the message itself must start
+  with ``step=``;
+- the DSV4 trainer validates after every ``val_steps``-th update (1-based step 5, 10, ... for ``val_steps: 5``) and
+  merges ``val-core/...`` into that step's line; an ``EvalCallback``, where one is installed, instead logs
+  ``eval step=N ...`` with the trainer's 0-based N (the state after N + 1 updates), read here as step N + 1.
+
+A line that starts like a metrics line but does not parse is corruption, named by file and line; as the last line of
+the file it is a write cut short and is dropped with a warning. Keys map to ours as in repro.analysis.importers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from repro.analysis.frame import MetricsError, RunFrames, warn_torn_line
+from repro.analysis.importers import frames_from_table
+
+# The message starts at the line start or right after the logging prefix's "name: ".
+METRICS_START = re.compile(r"(?:^|: )(?P<eval>eval )?step=(?P<step>\d+)(?= |$)")
+PAIR = re.compile(r"^(?P<key>[^\s=]+)=(?P<value>\S+)$")
+
+
+def parse_pairs(text: str) -> tuple[dict[str, float], str | None]:
+    """``k=v k=v`` -> ({k: float(v)}, None), or (the pairs before it, why) at the first token that is not a
+    number pair."""
+    values: dict[str, float] = {}
+    for token in text.split():
+        match = PAIR.match(token)
+        if match is None:
+            return values, f"{token!r} is not key=value"
+        try:
+            values[match["key"]] = float(match["value"])
+        except ValueError:
+            return values, f"{match['key']}={match['value']!r} is not a number"
+    return values, None if values else "no key=value pairs after the step"
+
+
+def is_lumenrl_log(text: str) -> bool:
+    """Whether some line of ``text`` is a whole LumenRL metrics line (what source detection asks)."""
+    return any((m := METRICS_START.search(line)) and parse_pairs(line[m.end():])[1] is None
+               for line in text.splitlines())
+
+
+def read_lumenrl_log(path: str | Path, data_source: str | None = None, label: str = "") -> RunFrames:
+    """The metrics lines of a LumenRL console log (any other output in between is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MetricsError(f"{path}: LumenRL log not found")
+    try:
+        # Physical lines, as an editor numbers them: a progress bar's carriage return splits a line into segments
+        # without starting a new one.
+        lines = [line.rstrip("\r") for line in path.read_text(encoding="utf-8", errors="strict").split("\n")]
+    except UnicodeDecodeError as err:
+        raise MetricsError(f"{path}: not a text log ({err})") from None
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
+    rows, eval_lines, zero_based = [], 0, False
+    segments = ((number, segment, number == last and k == line.count("\r"))
+                for number, line in enumerate(lines, start=1) for k, segment in enumerate(line.split("\r")))
+    for number, segment, at_end in segments:
+        match = METRICS_START.search(segment)
+        if match is None:
+            continue
+        values, error = parse_pairs(segment[match.end():])
+        if error is not None:
+            if at_end:
+                warn_torn_line(path, number, error)
+                break
+            if values:  # it began as metrics and broke off: corruption, not a message that mentions a step
+                raise MetricsError(f"{path}:{number}: LumenRL metrics line does not parse: {error}")
+            continue
+        step = int(match["step"])
+        if match["eval"]:
+            eval_lines += 1
+            step += 1  # EvalCallback logs the trainer's 0-based step: the evaluation after step + 1 updates
+        else:
+            zero_based |= step == 0
+        rows.append({"step": step, "_train_line": not match["eval"], **values})
+    if not rows:
+        raise MetricsError(f"{path}: no LumenRL metrics lines ('step=N key=value ...') in the log")
+    table = pd.DataFrame(rows)
+    if zero_based:  # the eval lines are 0-based in every LumenRL version and were shifted already
+        table.loc[table["_train_line"], "step"] += 1
+    table = table.drop(columns="_train_line").replace([math.inf, -math.inf], math.nan)
+    notes = []
+    if zero_based:
+        notes.append("The log counts training steps from 0 (LumenRL before its 1-based logging); shifted by one so "
+                     "step N is the state after N updates")
+    if eval_lines:
+        notes.append(f"The {eval_lines} 'eval step=N' lines carry LumenRL's 0-based N: shown at step N + 1, the "
+                     "number of updates before that evaluation")
+    return frames_from_table(table, path, data_source, kind="lumenrl", label=label, notes=notes)
