@@ -32,7 +32,9 @@ from repro.algos import (
     rollout_is_weights,
 )
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.model import layouts
 from repro.model.routing import RoutingReplay, topk_routers
+from repro.model.served import export_weights, served_weights
 from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches
 from repro.train.batch_checks import check_batch
@@ -140,9 +142,15 @@ class EmbeddedTrainer:
         self.replay_routing = replay_routing
         self.skip_zero_advantage_rows = skip_zero_advantage_rows
         torch.manual_seed(seed)
-        # Parameters only: rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them.
-        for param in model.parameters():
-            param.data = param.data.to(self.dtype)
+        # What the weight export must reproduce: the served checkpoint's names, shapes and dtypes (taken before
+        # the cast below, so a model built in memory exports the dtypes it was built in).
+        self.served = served_weights(model)
+        # Parameters only: rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them. The
+        # tensors the release stores in FP32 (hyper-connections, sinks, compressor position bias) stay FP32 too,
+        # as LumenRL keeps them: BF16 would round them in every update and every sync.
+        for name, param in model.named_parameters():
+            if not (self.served.layout in (layouts.DEEPSEEK, layouts.HF) and layouts.keeps_fp32(name)):
+                param.data = param.data.to(self.dtype)
         self.model = model.eval()  # eval: V4 has no dropout to switch on, and generate() expects eval mode
         self.routers = find_routers(model)
         self.opt = MasterAdamW(model, self.optim)
@@ -318,13 +326,14 @@ class EmbeddedTrainer:
     # ---- weights and state ---------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the model's state dict (parameters and persistent buffers such as the hash-routing
-        table), detached copies on CPU; floating ones in the trainer's dtype, integer ones unchanged."""
-        for name, tensor in self.model.state_dict().items():
-            tensor = tensor.detach().to("cpu")
-            if tensor.is_floating_point():
-                tensor = tensor.to(self.dtype)
-            yield name, tensor.clone()
+        """Every tensor the served checkpoint holds, as it names and types them: detached CPU copies.
+
+        A DeepSeek-V4 folder in the release layout exports release names (``embed.weight``,
+        ``layers.L.ffn.experts.E.w1.weight``); an in-memory model its state-dict names. Each tensor goes out in
+        the checkpoint's dtype (FP32 hyper-connections stay FP32 whatever the trainer computes in). The MTP layer
+        is left out: no trainer holds it (``repro.model.layouts.MTP_REASON``).
+        """
+        yield from export_weights(self.served, self.model.state_dict())
 
     def save(self, directory: str | Path) -> Path:
         """Write the full training state to ``directory`` (replaced atomically); see ``repro.train.trainer_state``."""
