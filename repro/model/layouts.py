@@ -26,8 +26,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
 from repro.errors import CheckpointError
@@ -139,11 +137,20 @@ def hf_name(release: str) -> str:
 
 @dataclass(frozen=True)
 class Part:
-    """One release tensor cut from an in-memory tensor: ``select(t)`` of the in-memory ``source``."""
+    """One release tensor cut from an in-memory tensor: all of it, or expert ``expert``'s rows ``rows``.
+
+    Plain data (no closures), so a conversion plan holding parts can cross to a worker process."""
 
     name: str
     shape: tuple[int, ...]
-    select: Callable[[torch.Tensor], torch.Tensor]
+    expert: int | None = None
+    rows: tuple[int, int] | None = None
+
+    def select(self, t: torch.Tensor) -> torch.Tensor:
+        if self.expert is None:
+            return t
+        piece = t[self.expert]
+        return piece if self.rows is None else piece[self.rows[0] : self.rows[1]]
 
 
 def release_parts(hf: str, shape: tuple[int, ...]) -> list[Part]:
@@ -154,21 +161,21 @@ def release_parts(hf: str, shape: tuple[int, ...]) -> list[Part]:
     """
     stacked = _HF_STACKED.match(hf)
     if not stacked:
-        return [Part(release_name(hf), tuple(shape), lambda t: t)]
+        return [Part(release_name(hf), tuple(shape))]
     layer, kind = stacked.groups()
     if len(shape) != 3:
         raise LayoutError(f"{hf}: stacked experts should be [experts, out, in], got {list(shape)}")
     experts, rows, cols = shape
     prefix = f"layers.{layer}.ffn.experts"
     if kind == "down_proj":
-        return [Part(f"{prefix}.{e}.w2.weight", (rows, cols), lambda t, e=e: t[e]) for e in range(experts)]
+        return [Part(f"{prefix}.{e}.w2.weight", (rows, cols), e) for e in range(experts)]
     if rows % 2:
         raise LayoutError(f"{hf}: gate_up_proj has an odd row count {rows}")
     half = rows // 2
     parts = []
     for e in range(experts):
-        parts.append(Part(f"{prefix}.{e}.w1.weight", (half, cols), lambda t, e=e: t[e, :half]))
-        parts.append(Part(f"{prefix}.{e}.w3.weight", (half, cols), lambda t, e=e: t[e, half:]))
+        parts.append(Part(f"{prefix}.{e}.w1.weight", (half, cols), e, (0, half)))
+        parts.append(Part(f"{prefix}.{e}.w3.weight", (half, cols), e, (half, rows)))
     return parts
 
 
@@ -211,22 +218,36 @@ def from_release(state: Mapping[str, torch.Tensor], skip_mtp: bool = True) -> di
     return out
 
 
+def _is_release(name: str) -> bool:
+    if name.endswith(".scale"):  # an FP8/FP4 block scale, named after its weight as the release does
+        name = name.removesuffix("scale") + "weight"
+    layer = _REL_LAYER.match(name)
+    return name in _GLOBAL or is_mtp(name) or bool(_REL_EXPERT.match(name)) or bool(layer and layer.group(2) in _LAYER)
+
+
+def _is_hf(name: str) -> bool:
+    layer = _HF_LAYER.match(name)
+    return name in _GLOBAL_BACK or bool(_HF_STACKED.match(name)) or bool(layer and layer.group(2) in _LAYER_BACK)
+
+
 def detect_layout(names: Iterable[str], where: str = "") -> str:
-    """``deepseek`` or ``hf`` from a DeepSeek-V4 checkpoint's tensor names; refuses a mixed or unknown set."""
+    """``deepseek`` or ``hf`` from a DeepSeek-V4 checkpoint's tensor names; refuses a mixed or unknown set,
+    naming the tensors no layout places."""
     names = list(names)
-    release = [n for n in names if n in _GLOBAL or _REL_LAYER.match(n) or is_mtp(n)]
-    hf = [n for n in names if n in _GLOBAL_BACK or _HF_LAYER.match(n)]
+    release = [n for n in names if _is_release(n)]
+    hf = [n for n in names if _is_hf(n)]
     prefix = f"{where}: " if where else ""
-    if release and not hf:
+    if names and len(release) == len(names):
         return DEEPSEEK
-    if hf and not release:
+    if names and len(hf) == len(names):
         return HF
     odd = sorted(set(names) - set(release) - set(hf))
     raise LayoutError(
-        f"{prefix}DeepSeek-V4 tensor names mix layouts or are unknown (release-style {release[:2]}, in-memory-style "
-        f"{hf[:2]}, other {odd[:2]}); expected the release's names (embed.weight, layers.L.attn.wq_a.weight) or "
-        "transformers' (model.layers.L.self_attn.q_a_proj.weight). A folder written by transformers' "
-        "save_pretrained mixes both: rewrite it with `repro build-tiny`'s writer (repro.model.tiny_release)"
+        f"{prefix}DeepSeek-V4 tensor names fit neither layout: {odd[:3]}{'...' if len(odd) > 3 else ''} "
+        f"({len(release)} release-style, {len(hf)} in-memory-style of {len(names)}); expected the release's names "
+        "(embed.weight, layers.L.attn.wq_a.weight) or transformers' (model.layers.L.self_attn.q_a_proj.weight). "
+        "transformers' save_pretrained writes a mix of both (model.layers.L.attn.norm.weight): rewrite such a folder "
+        "with repro.model.tiny_release.write_checkpoint"
     )
 
 
