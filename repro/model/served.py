@@ -52,6 +52,8 @@ def served_from_headers(tensors: Mapping[str, TensorSpec], source: str, model_ty
     if model_type == "deepseek_v4":
         layout = layouts.detect_layout(names, where=source)
         mtp = [n for n in names if layouts.is_mtp(n)]
+        if layout == layouts.DEEPSEEK:  # the release's reading order, not safetensors' (by dtype, then name)
+            tensors = {n: tensors[n] for n in layouts.release_order(names)}
     else:
         layout, mtp = STATE_DICT, []
     return ServedWeights(layout, dict(tensors), source, mtp)
