@@ -4,7 +4,7 @@ DeepSeek-V4 folder in the release's layout is exported and checked in release na
 in-memory layout in those (``repro.model.layouts``); any other model in its state-dict names.
 
     served = served_weights(model)                 # recorded by load_tiny_model, else the model's state dict
-    named = export_weights(served, model.state_dict(), trainer_dtype)    # trainer side
+    named = export_weights(served, model.state_dict())                   # trainer side
     check_update(served, dict(named), version, RolloutError)             # rollout side, before anything changes
     state = to_state_dict(served, dict(named))                           # back to the module's own names
 
@@ -34,7 +34,7 @@ class TensorSpec:
 
 @dataclass
 class ServedWeights:
-    """Every tensor of a checkpoint (file order), its layout, and where it came from."""
+    """Every tensor of a checkpoint (the release's reading order, else file order), its layout, and its source."""
 
     layout: str  # layouts.DEEPSEEK, layouts.HF or STATE_DICT
     tensors: dict[str, TensorSpec]
@@ -44,7 +44,8 @@ class ServedWeights:
     @property
     def synced(self) -> dict[str, TensorSpec]:
         """What a weight update carries: every tensor except the MTP layer's."""
-        return {n: s for n, s in self.tensors.items() if n not in set(self.mtp)}
+        left_out = set(self.mtp)
+        return {n: s for n, s in self.tensors.items() if n not in left_out}
 
 
 def served_from_headers(tensors: Mapping[str, TensorSpec], source: str, model_type: str | None) -> ServedWeights:
@@ -77,7 +78,8 @@ def served_from_folder(folder: str | Path) -> ServedWeights:
 
 def served_from_state_dict(model: torch.nn.Module) -> ServedWeights:
     """A model built in memory: its own state dict is what it serves (DeepSeek-V4: the ``hf`` layout)."""
-    tensors = {n: TensorSpec(tuple(t.shape), t.dtype) for n, t in model.state_dict().items()}
+    tensors = {n: TensorSpec(tuple(t.shape), t.dtype) for n, t in model.state_dict().items()
+               if isinstance(t, torch.Tensor)}
     is_v4 = getattr(model.config, "model_type", None) == "deepseek_v4"
     return ServedWeights(layouts.HF if is_v4 else STATE_DICT, tensors, f"{type(model).__name__} state dict")
 

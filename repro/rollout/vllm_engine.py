@@ -201,6 +201,10 @@ class VLLMEngine:
         if record_routing and not self.native_routing:
             answers = self.llm.collective_rpc("repro_install_routing_capture")
             self.routing_layers = list(answers[0])
+        # LumenRL masks the logits of ids past the tokenizer's length; not here by default: the trainers score over
+        # the whole vocabulary, and a mask on one side only biases the TIS ratio by log(1 - p(masked ids)) per
+        # token (0.03 k3-KL on the untrained tiny Qwen3-MoE, whose 32-id vocabulary has 25 tokens). The worker's
+        # `repro_mask_vocab` is there for a run that masks both sides (docs/checkpoint-layouts.md).
         self.weight_version = 0
 
     @classmethod

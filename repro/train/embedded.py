@@ -144,12 +144,14 @@ class EmbeddedTrainer:
         torch.manual_seed(seed)
         # What the weight export must reproduce: the served checkpoint's names, shapes and dtypes (taken before
         # the cast below, so a model built in memory exports the dtypes it was built in).
-        self.served = served_weights(model)
+        # (A Megatron module is no Hugging Face model: its backend exports through its own name table.)
+        self.served = served_weights(model) if hasattr(getattr(model, "config", None), "model_type") else None
+        v4 = self.served is not None and self.served.layout in (layouts.DEEPSEEK, layouts.HF)
         # Parameters only: rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them. The
         # tensors the release stores in FP32 (hyper-connections, sinks, compressor position bias) stay FP32 too,
         # as LumenRL keeps them: BF16 would round them in every update and every sync.
         for name, param in model.named_parameters():
-            if not (self.served.layout in (layouts.DEEPSEEK, layouts.HF) and layouts.keeps_fp32(name)):
+            if not (v4 and layouts.keeps_fp32(name)):
                 param.data = param.data.to(self.dtype)
         self.model = model.eval()  # eval: V4 has no dropout to switch on, and generate() expects eval mode
         self.routers = find_routers(model)
