@@ -64,12 +64,16 @@ def served_from_folder(folder: str | Path) -> ServedWeights:
     """Read every shard header of ``folder`` (no tensor data) and its config's model type."""
     import json
 
-    from repro.fp8.inputs import shard_files
+    from repro.fp8.inputs import INDEX, shard_files
     from repro.fp8.safetensors_io import read_header
 
     folder = Path(folder)
+    # transformers' loader reads the index's shards, or model.safetensors: a trainer state folder holds other
+    # safetensors files beside it (optimizer.safetensors, rng.safetensors) that are no weights
+    single = folder / "model.safetensors"
+    files = [single] if single.is_file() and not (folder / INDEX).exists() else shard_files(folder)
     tensors = {}
-    for path in shard_files(folder):
+    for path in files:
         infos, _ = read_header(path)
         tensors.update({t.name: TensorSpec(tuple(t.shape), t.dtype) for t in sorted(infos, key=lambda t: t.offset)})
     model_type = json.loads((folder / "config.json").read_text()).get("model_type")
