@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from repro.fp8.convert import ConvertOptions, convert_checkpoint
 from repro.fp8.quant import dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block

@@ -25,7 +25,6 @@ from pathlib import Path
 def main(argv: list[str]) -> None:
     model_dir, out_dir = Path(argv[0]), Path(argv[1])
     weights = Path(argv[argv.index("--weights") + 1]) if "--weights" in argv else None
-    import torch
     import vllm.v1.worker.cpu.shm  # noqa: F401  (vLLM's CPU worker process installs its torch.cuda placeholders)
     from safetensors.torch import load_file, save_file
     from vllm.config import set_current_vllm_config
