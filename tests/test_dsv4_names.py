@@ -69,3 +69,26 @@ def test_unknown_and_incomplete_names_fail_naming_them(tiny_state):
     del megatron["decoder.layers.2.mlp.experts.linear_fc2.weight5"]
     with pytest.raises(NameMappingError, match=r"model.layers.2.mlp.experts.down_proj.*\[5\]"):
         megatron_state_to_hf(megatron)
+
+
+def test_lumenrl_norm_aliases_and_the_release_export(tiny_state):
+    """LumenRL's spec names each attention norm twice (``q_norm._norm.weight``); a release folder exports release
+    names; a release-named state dict goes in as well."""
+    from repro.model import layouts
+    from repro.train.megatron.dsv4_names import NORM_ALIASES, megatron_state_to_release
+
+    state, _ = tiny_state
+    megatron = hf_state_to_megatron(state, norm_aliases=True)
+    q_alias, kv_alias = "decoder.layers.2.self_attention.q_norm._norm.weight", "decoder.layers.2.self_attention.kv_norm._norm.weight"
+    assert torch.equal(megatron[q_alias], state["model.layers.2.self_attn.q_a_norm.weight"])
+    assert megatron_to_hf(kv_alias) == ["model.layers.2.self_attn.kv_norm.weight"]
+    assert len(megatron) == len(hf_state_to_megatron(state)) + len(NORM_ALIASES) * 4  # two aliases per layer
+    back = megatron_state_to_hf(megatron)
+    assert back.keys() == state.keys() and all(torch.equal(back[n], state[n]) for n in state)
+    release = megatron_state_to_release(megatron)
+    expected = layouts.to_release(state)
+    assert release.keys() == expected.keys() and all(torch.equal(release[n], expected[n]) for n in expected)
+    assert hf_state_to_megatron(expected).keys() == hf_state_to_megatron(state).keys()
+    megatron[q_alias] = megatron[q_alias] + 1
+    with pytest.raises(NameMappingError, match=r"q_norm._norm.weight: differs from the tensor it aliases"):
+        megatron_state_to_hf(megatron)

@@ -45,8 +45,11 @@ def test_bf16_trains_on_fp32_masters_and_resumes_bit_identically(base_model, tmp
     assert 0 < float(gap) < 0.05
     bf16.train_step(with_old_logprobs(bf16, batch))
     weights = dict(bf16.named_weights())
-    assert weights["lm_head.weight"].dtype == torch.bfloat16
+    # The export keeps the served checkpoint's dtypes (this in-memory model was built in fp32) while the trainer
+    # computes in bf16, except for what the release stores in FP32, which trains in FP32 too.
+    assert weights["lm_head.weight"].dtype == torch.float32 and bf16.model.lm_head.weight.dtype == torch.bfloat16
     assert weights["model.layers.0.mlp.gate.tid2eid"].dtype == torch.int64  # integer buffers keep their dtype
+    assert bf16.model.model.layers[0].attn_hc.fn.dtype == torch.float32
     bf16.save(tmp_path / "state")
     assert (tmp_path / "state" / "master.safetensors").is_file()
     expected = bf16.train_step(batch)

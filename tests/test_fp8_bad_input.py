@@ -16,8 +16,8 @@ CONFIG = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4
 def _tensors(seed):
     g = torch.Generator().manual_seed(seed)
     return {
-        f"model.layers.{seed}.attn.wq_a.weight": (torch.randn(200, 130, generator=g) * 0.02).bfloat16(),
-        f"model.layers.{seed}.attn_norm.weight": torch.ones(130, dtype=torch.bfloat16),
+        f"layers.{seed}.attn.wq_a.weight": (torch.randn(200, 130, generator=g) * 0.02).bfloat16(),
+        f"layers.{seed}.attn_norm.weight": torch.ones(130, dtype=torch.bfloat16),
     }
 
 
@@ -60,38 +60,38 @@ def test_missing_shard_named_in_index(tmp_path):
 def test_index_names_a_tensor_its_shard_lacks(tmp_path):
     src = make_checkpoint(tmp_path / "in")
     index = json.loads((src / "model.safetensors.index.json").read_text())
-    index["weight_map"]["model.layers.9.attn.wo_a.weight"] = "model-00001-of-00002.safetensors"
+    index["weight_map"]["layers.9.attn.wo_a.weight"] = "model-00001-of-00002.safetensors"
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
-    _fails(src, tmp_path / "out", "model.layers.9.attn.wo_a.weight", "model-00001-of-00002.safetensors")
+    _fails(src, tmp_path / "out", "layers.9.attn.wo_a.weight", "model-00001-of-00002.safetensors")
 
 
 def test_tensor_of_unexpected_dtype(tmp_path):
     tensors = _tensors(1)
-    tensors["model.layers.1.attn.wq_a.weight"] = tensors["model.layers.1.attn.wq_a.weight"].double()
+    tensors["layers.1.attn.wq_a.weight"] = tensors["layers.1.attn.wq_a.weight"].double()
     src = make_checkpoint(tmp_path / "in", {"a.safetensors": _tensors(0), "b.safetensors": tensors})
-    _fails(src, tmp_path / "out", "b.safetensors", "model.layers.1.attn.wq_a.weight", "float64")
+    _fails(src, tmp_path / "out", "b.safetensors", "layers.1.attn.wq_a.weight", "float64")
 
 
 def test_already_fp8_tensor_in_a_bf16_checkpoint(tmp_path):
     tensors = _tensors(0)
-    tensors["model.layers.0.attn.wq_a.weight"] = tensors["model.layers.0.attn.wq_a.weight"].to(torch.float8_e4m3fn)
+    tensors["layers.0.attn.wq_a.weight"] = tensors["layers.0.attn.wq_a.weight"].to(torch.float8_e4m3fn)
     src = make_checkpoint(tmp_path / "in", {"a.safetensors": tensors})
-    _fails(src, tmp_path / "out", "a.safetensors", "model.layers.0.attn.wq_a.weight", "float8_e4m3fn")
+    _fails(src, tmp_path / "out", "a.safetensors", "layers.0.attn.wq_a.weight", "float8_e4m3fn")
 
 
 def test_nan_in_a_weight(tmp_path):
     tensors = _tensors(1)
-    tensors["model.layers.1.attn.wq_a.weight"][150, 129] = float("nan")  # in the edge block
+    tensors["layers.1.attn.wq_a.weight"][150, 129] = float("nan")  # in the edge block
     # the first shard converts fine before the second fails: the partial output must still be removed
     src = make_checkpoint(tmp_path / "in", {"a.safetensors": _tensors(0), "b.safetensors": tensors})
-    _fails(src, tmp_path / "out", "b.safetensors", "model.layers.1.attn.wq_a.weight", "NaN or Inf")
+    _fails(src, tmp_path / "out", "b.safetensors", "layers.1.attn.wq_a.weight", "NaN or Inf")
 
 
 def test_inf_in_a_kept_tensor(tmp_path):
     tensors = _tensors(0)
-    tensors["model.layers.0.attn_norm.weight"][3] = float("-inf")
+    tensors["layers.0.attn_norm.weight"][3] = float("-inf")
     src = make_checkpoint(tmp_path / "in", {"a.safetensors": tensors})
-    _fails(src, tmp_path / "out", "a.safetensors", "model.layers.0.attn_norm.weight", "NaN or Inf")
+    _fails(src, tmp_path / "out", "a.safetensors", "layers.0.attn_norm.weight", "NaN or Inf")
 
 
 def test_truncated_safetensors_file(tmp_path):
@@ -128,7 +128,7 @@ def test_already_quantised_checkpoint(tmp_path):
 
 def test_error_above_threshold(tmp_path):
     src = make_checkpoint(tmp_path / "in")
-    _fails(src, tmp_path / "out", "model.layers.0.attn.wq_a.weight", "above the threshold", max_rel_error=1e-3)
+    _fails(src, tmp_path / "out", "layers.0.attn.wq_a.weight", "above the threshold", max_rel_error=1e-3)
 
 
 def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):

@@ -17,13 +17,15 @@ from repro.model.tiny import build_tiny_checkpoint
 from repro.model.tiny import build_tiny_model
 from repro.fp8.verify import rel_error_bound, verify_checkpoint
 
-QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+      "scale_fmt": None}
 FAST = dict(progress=False, fsync=False)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The project's tiny DSV4 as a BF16 checkpoint in 5 shards + index, with its tokenizer."""
+    """The project's tiny DSV4 as the release ships BF16 weights (its names; FP32 where it keeps FP32), in shards
+    + index, with its tokenizer."""
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "bf16")
 
 
@@ -48,7 +50,9 @@ def test_output_layout(tiny, converted):
     cfg = json.loads((out / "config.json").read_text())
     src_cfg = json.loads((tiny / "config.json").read_text())
     assert cfg["quantization_config"] == QC
-    assert {k: v for k, v in cfg.items() if k != "quantization_config"} == src_cfg
+    # vLLM reads expert_dtype from the top level and takes a missing one as "fp4" (MXFP4 experts)
+    assert cfg["expert_dtype"] == "fp8"
+    assert {k: v for k, v in cfg.items() if k not in ("quantization_config", "expert_dtype")} == src_cfg
 
     index = json.loads((out / "model.safetensors.index.json").read_text())
     total = 0
@@ -57,8 +61,9 @@ def test_output_layout(tiny, converted):
             t = f.get_tensor(name)  # every entry is where the index says
             total += t.numel() * t.element_size()
     assert index["metadata"]["total_size"] == total
-    n_fp8 = sum(1 for n in index["weight_map"] if n.endswith("_scale_inv"))
+    n_fp8 = sum(1 for n in index["weight_map"] if n.endswith(".scale"))  # the release's scale spelling
     assert n_fp8 == converted.summary["tensors_fp8"] == 130
+    assert not any(n.endswith("_scale_inv") for n in index["weight_map"])
     assert converted.summary["tensors"] == 210 and converted.shards == 5
 
 
@@ -75,8 +80,9 @@ def test_numbers_through_the_safetensors_loader(tiny, converted):
     for row in fp8.itertuples():
         assert mine.loc[row.name, "rel_error"] == pytest.approx(row.rel_error, rel=1e-3)
     # edge blocks: 64-wide projections get one partial block
-    with safe_open(converted.output_dir / _shard_of(converted, "model.layers.0.attn.wq_a.weight"), "pt") as f:
-        assert tuple(f.get_slice("model.layers.0.attn.wq_a.weight_scale_inv").get_shape()) == (1, 1)
+    with safe_open(converted.output_dir / _shard_of(converted, "layers.0.attn.wq_a.weight"), "pt") as f:
+        scale = f.get_tensor("layers.0.attn.wq_a.scale")
+    assert tuple(scale.shape) == (1, 1) and scale.dtype == torch.float32  # vLLM's FP8-expert path reads FP32
     assert converted.summary["size_ratio"] < 0.6
 
 
@@ -167,7 +173,7 @@ def test_pow2_scales_checkpoint(tiny, tmp_path):
     res = convert_checkpoint(tiny, tmp_path / "ue8m0", ConvertOptions(pow2_scale=True, **FAST))
     cfg = json.loads((res.output_dir / "config.json").read_text())
     assert cfg["quantization_config"] == {**QC, "scale_fmt": "ue8m0"}
-    name = "model.layers.1.ffn.experts.3.w2.weight_scale_inv"
+    name = "layers.1.ffn.experts.3.w2.scale"
     with safe_open(res.output_dir / _shard_of(res, name), "pt") as f:
         mantissa, _ = torch.frexp(f.get_tensor(name))
     assert (mantissa == 0.5).all()
@@ -195,7 +201,7 @@ def test_iterator_on_an_in_memory_state_dict():
 def test_cli(tiny, tmp_path, capsys):
     assert cli_main(["convert", "--input", str(tiny), "--list"]) == 0
     listing = capsys.readouterr().out
-    assert "model.layers.1.attn.indexer.weights_proj.weight" in listing and "indexer scorer" in listing
+    assert "layers.1.attn.indexer.weights_proj.weight" in listing and "indexer scorer" in listing
     dst = tmp_path / "cli"
     assert cli_main(["convert", "--input", str(tiny), "--output", str(dst), "--format", "e4m3fnuz", "--json",
                      "--no-fsync"]) == 0

@@ -118,8 +118,8 @@ def test_the_dry_run_prints_exactly_the_arguments_the_workers_are_built_with(rec
             return [[]]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=StandInLLM))
-    monkeypatch.setattr(vllm_engine, "checkpoint_shapes", lambda model_dir: {})
-    monkeypatch.setattr(vllm_engine, "_checkpoint_dtype", lambda model_dir: None)
+    monkeypatch.setattr(vllm_engine, "check_servable", lambda model_dir, arch: None)  # no checkpoint folder here
+    monkeypatch.setattr(vllm_engine, "served_from_folder", lambda model_dir: None)
     vllm_engine.VLLMEngine.from_recipe(recipe, recipe.model.path, eos_id=1)
     assert printed["vllm.LLM"] == {k: repr(v) for k, v in built.items()}
     assert printed["vllm.LLM"]["model"] == repr(recipe.model.path)

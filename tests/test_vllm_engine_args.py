@@ -1,5 +1,7 @@
 """engine_args_from_recipe: the recipe -> vLLM arguments mapping, pure (runs without vLLM installed)."""
 
+import json
+
 import pytest
 
 from repro.errors import ReproError
@@ -13,7 +15,7 @@ def test_cluster_recipe_serves_block_fp8_with_tp8():
     assert args == {
         "model": "/models/dsv4", "tokenizer": "/models/dsv4", "dtype": "bfloat16", "seed": 10086,
         "max_model_len": 16384, "max_num_seqs": 48, "max_num_batched_tokens": 8192, "enforce_eager": True,
-        "logprobs_mode": "processed_logprobs", "max_logprobs": 0, "enable_prefix_caching": True,
+        "logprobs_mode": "processed_logprobs", "max_logprobs": 0, "enable_prefix_caching": False,
         "enable_return_routed_experts": True,
         "worker_extension_cls": WORKER_EXTENSION, "tensor_parallel_size": 8, "quantization": "fp8_per_block",
         "kv_cache_dtype": "fp8_e4m3", "gpu_memory_utilization": 0.90,
@@ -25,6 +27,27 @@ def test_bf16_rollout_and_no_routing_replay():
     recipe = load_recipe("amd-dsv4-flash-mi308x", ["rollout.weight_format=bf16", "routing_replay.enabled=false"])
     args = engine_args_from_recipe(recipe, "/m")
     assert args["quantization"] is None and args["enable_return_routed_experts"] is False
+    # prefix caching is off only while routing is replayed (LumenRL's DeepSeek-V4 run: R3 on, caching off)
+    assert args["enable_prefix_caching"] is True
+
+
+def test_fp4_experts_are_refused_on_gfx942_only(tmp_path):
+    """The official release's MXFP4 experts: no FP4 kernels on MI308X; FP8 experts or another GPU are fine."""
+    from repro.fp8.official import OFFICIAL_CONFIG_KEYS
+    from repro.rollout.vllm_engine import check_servable
+
+    config = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", **OFFICIAL_CONFIG_KEYS}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VLLMConfigError, match=r"expert_dtype fp4\) holds MXFP4.*gfx950.*RedHatAI/DeepSeek-V4-Flash-BF16"):
+        check_servable(tmp_path, "gfx942:sramecc+:xnack-")
+    check_servable(tmp_path, "gfx950")
+    check_servable(tmp_path, None)  # CPU / CUDA
+    (tmp_path / "config.json").write_text(json.dumps({**config, "expert_dtype": "fp8"}))
+    check_servable(tmp_path, "gfx942")
+    del config["expert_dtype"]  # vLLM reads a missing expert_dtype as fp4
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VLLMConfigError, match="absent, which vLLM reads as fp4"):
+        check_servable(tmp_path, "gfx942")
 
 
 def test_cpu_recipe_is_bf16_tp1_without_chunked_prefill():

@@ -2,13 +2,16 @@
 
 Modules, in reading order:
 - quant.py   pure tensor functions: quantise/dequantise a [..., N, K] tensor, formats, vLLM's fn->fnuz rule
-- rules.py   which tensors are quantised and why (`decide`), listable as a table
+- mxfp4.py   the official DeepSeek-V4 release's E8M0 scales and MXFP4 experts, as pure tensor functions
+- rules.py   which tensors are quantised and why (`decide`), listable as a table; how scales are named and paired
 - stream.py  (name, tensor) iterator in, converted pairs out: shared by checkpoint conversion and weight sync
 - verify.py  error bound (derived there), per-tensor stats, tables, histogram, independent checkpoint check
-- st.py      streaming safetensors reader/writer
+- safetensors_io.py  streaming safetensors reader/writer (F8_E8M0 and packed F4 included)
 - inputs.py  input checks before anything is written: config, shards, headers, dtypes, the output plan
 - convert.py checkpoint folder -> FP8 folder: shards in parallel, atomic output, resume, report
-- tiny.py    a tiny genuine DeepSeek-V4 BF16 checkpoint for the notebook and tests
+- official.py  deepseek-ai's FP8 + MXFP4 storage, for tiny test checkpoints
+
+A DeepSeek-V4 is written in the release's names with `.scale` block scales: docs/checkpoint-layouts.md.
 """
 
 from repro.fp8.convert import ConversionResult, ConvertOptions, convert_checkpoint

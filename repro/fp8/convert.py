@@ -31,9 +31,10 @@ import torch
 
 import repro
 from repro.errors import CheckpointError
-from repro.fp8.inputs import CONFIG, FN_TO_FNUZ, INDEX, QUANTISE, ShardPlan, plan_shards, read_config
+from repro.fp8.inputs import CONFIG, FN_TO_FNUZ, INDEX, QUANTISE, ShardPlan, is_deepseek_v4, plan_shards, read_config
 from repro.fp8.quant import BLOCK_SIZE, FP8Format, get_format
 from repro.fp8.safetensors_io import StreamingWriter, file_crc32, read_tensor
+from repro.fp8.rules import release_scale_name, scale_name
 from repro.fp8.stream import fn_to_fnuz_tensors, quantize_tensors
 from repro.fp8.verify import TensorStats, stats_table, summarise
 
@@ -82,7 +83,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
     src, dst = Path(src), Path(dst)
     fmt = get_format(opts.fmt)
     config, mode = read_config(src, fmt)
-    shards = plan_shards(src, fmt, mode, opts.block_size)
+    shards = plan_shards(src, fmt, mode, opts.block_size, config=config)
+    release = is_deepseek_v4(config)
     if dst.exists() and not opts.overwrite:
         raise CheckpointError(f"{dst}: output folder exists (pass overwrite / --overwrite to replace it)")
     tmp = dst.with_name(dst.name + ".partial")
@@ -97,7 +99,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
             todo.append(sh)
     total = sum(sh.fingerprint["size"] for sh in shards)
     try:
-        markers.update(_run(todo, tmp, mode, fmt, opts, total, total - sum(sh.fingerprint["size"] for sh in todo)))
+        markers.update(_run(todo, tmp, mode, fmt, opts, total, total - sum(sh.fingerprint["size"] for sh in todo),
+                            release))
     except CheckpointError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -126,6 +129,8 @@ def current_peak_rss() -> int:
     except OSError:
         pass
     
+    import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux; other systems: see VmHWM
 
 
@@ -139,8 +144,9 @@ def _init_worker(queue) -> None:
     torch.set_num_threads(1)  # see _run
 
 
-def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions) -> dict:
-    """Convert one shard into `tmp`, fsync it, write its done-marker; returns the marker."""
+def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions, release: bool = False) -> dict:
+    """Convert one shard into `tmp`, fsync it, write its done-marker; returns the marker. ``release``: name block
+    scales as the DeepSeek-V4 release does (`.scale`)."""
     started = time.time()
     tmp_dir = Path(tmp)
     out_partial = tmp_dir / (sh.name + ".incomplete")
@@ -154,19 +160,20 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
             # One read buffer for the shard: each tensor is converted and written before the next is read.
             buffer = torch.empty(max((t.nbytes for t in sh.tensors), default=0), dtype=torch.uint8)
 
-            def items():
-                for info in sh.tensors:
-                    yield info.name, read_tensor(f, info, sh.src, buffer)
-                    if _progress:
-                        _progress(info.nbytes)
+            def read(info):
+                tensor = read_tensor(f, info, sh.src, buffer)
+                if _progress:
+                    _progress(info.nbytes)
+                return tensor
 
             if mode == QUANTISE:
                 converted = quantize_tensors(
-                    items(), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
+                    sh.items(read), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
                     max_rel_error=opts.max_rel_error, on_stats=stats.append, where=sh.src,
+                    scale_namer=release_scale_name if release else scale_name,
                 )
             else:
-                converted = fn_to_fnuz_tensors(items(), on_stats=stats.append, where=sh.src)
+                converted = fn_to_fnuz_tensors(sh.items(read), sh.scales, on_stats=stats.append, where=sh.src)
             for name, tensor in converted:
                 writer.write(name, tensor)
         crc = writer.close(fsync=opts.fsync)
@@ -190,7 +197,8 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
     return marker
 
 
-def _run(todo: list[ShardPlan], tmp: Path, mode: str, fmt: FP8Format, opts: ConvertOptions, total: int, already: int) -> dict:
+def _run(todo: list[ShardPlan], tmp: Path, mode: str, fmt: FP8Format, opts: ConvertOptions, total: int, already: int,
+         release: bool = False) -> dict:
     global _progress
     from tqdm.auto import tqdm
 
@@ -207,14 +215,14 @@ def _run(todo: list[ShardPlan], tmp: Path, mode: str, fmt: FP8Format, opts: Conv
             torch.set_num_threads(1)
             try:
                 for sh in todo:
-                    markers[sh.name] = _convert_shard(sh, str(tmp), mode, fmt.name, opts)
+                    markers[sh.name] = _convert_shard(sh, str(tmp), mode, fmt.name, opts, release)
             finally:
                 torch.set_num_threads(threads)
             return markers
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(queue,)) as pool:
-            pending = {pool.submit(_convert_shard, sh, str(tmp), mode, fmt.name, opts) for sh in todo}
+            pending = {pool.submit(_convert_shard, sh, str(tmp), mode, fmt.name, opts, release) for sh in todo}
             try:
                 while pending:
                     done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -280,16 +288,39 @@ def _write_json_atomic(path: Path, obj) -> None:
     os.replace(part, path)
 
 
-def quantization_config(fmt: FP8Format, pow2_scale: bool, block_size: int = BLOCK_SIZE) -> dict:
-    """config.json's `quantization_config` (DeepSeek-V3 convention)."""
+def quantization_config(fmt: FP8Format, pow2_scale: bool, block_size: int = BLOCK_SIZE, v4: bool = False) -> dict:
+    """config.json's `quantization_config` (DeepSeek-V3 convention; a DeepSeek-V4 also states its scale format).
+
+    vLLM reads `scale_fmt: ue8m0` only to turn on DeepGEMM's UE8M0 path (transformers_utils/config.py); the
+    dtype of its DeepSeek-V4 scale parameters follows `expert_dtype` instead (FP32 for FP8 experts)."""
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
           "weight_block_size": [block_size, block_size]}
-    if pow2_scale:
-        qc["scale_fmt"] = "ue8m0"  # DeepSeek-V3.1+/V4 spelling for power-of-two scales
+    if pow2_scale or v4:
+        qc["scale_fmt"] = "ue8m0" if pow2_scale else None  # DeepSeek-V3.1+/V4 spelling for power-of-two scales
     if fmt.name == "e4m3fnuz":
         # Not read by vLLM (which loads e4m3fn and converts on ROCm itself): marks tensors stored as fnuz.
         qc["fp8_dtype"] = "float8_e4m3fnuz"
     return qc
+
+
+def output_config(config: dict, fmt: FP8Format, mode: str, opts: ConvertOptions) -> dict:
+    """The converted folder's config.json. A DeepSeek-V4 gets the release's keys (an input in transformers'
+    layout has them rewritten) and the top-level ``expert_dtype: "fp8"``: vLLM reads it from there and takes a
+    missing one as "fp4", which would send FP8 experts down its MXFP4 path."""
+    if mode == FN_TO_FNUZ:
+        return {**config, "quantization_config": {**config["quantization_config"], "fp8_dtype": "float8_e4m3fnuz"}}
+    v4 = is_deepseek_v4(config)
+    qc = quantization_config(fmt, opts.pow2_scale, opts.block_size, v4=v4)
+    if not v4:
+        return {**config, "quantization_config": qc}
+    if "compress_ratios" not in config:  # transformers' keys: the input was in its in-memory layout
+        from transformers import DeepseekV4Config
+
+        from repro.model.release_config import release_config
+
+        config = release_config(DeepseekV4Config(**{k: v for k, v in config.items() if k not in ("architectures",
+                                "model_type", "transformers_version")}), torch_dtype="bfloat16")
+    return {**config, "quantization_config": qc, "expert_dtype": "fp8"}
 
 
 def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[ShardPlan], fmt: FP8Format, mode: str,
@@ -299,10 +330,7 @@ def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[ShardP
         int(torch.Size(shape).numel()) * dtype.itemsize for sh in shards for _, dtype, shape in sh.outputs
     )
     _write_json_atomic(tmp / INDEX, {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))})
-    qc = quantization_config(fmt, opts.pow2_scale, opts.block_size)
-    if mode == FN_TO_FNUZ:
-        qc = {**config["quantization_config"], "fp8_dtype": "float8_e4m3fnuz"}
-    _write_json_atomic(tmp / CONFIG, {**config, "quantization_config": qc})
+    _write_json_atomic(tmp / CONFIG, output_config(config, fmt, mode, opts))
     for path in src.iterdir():  # tokenizer, generation config, chat template, licence...
         if path.is_file() and path.name != CONFIG and not path.name.startswith(".") and not path.name.endswith(_WEIGHT_FILES):
             shutil.copy2(path, tmp / path.name)

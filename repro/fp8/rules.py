@@ -84,6 +84,45 @@ def scale_name(name: str) -> str:
     return name + "_scale_inv"
 
 
+def release_scale_name(name: str) -> str:
+    """The DeepSeek-V4 release's spelling: `x.weight` -> `x.scale` (vLLM maps it to `x.weight_scale_inv`)."""
+    if not name.endswith(".weight"):
+        raise ValueError(f"{name}: the release names scales after a `.weight`")
+    return name.removesuffix("weight") + "scale"
+
+
+# How a block scale is named after its weight `x.weight`, by checkpoint family. A tensor is a scale only if its
+# weight is present and FP8 (or packed FP4): names alone would take transformers' `attn_hc.scale` (an mHC
+# parameter) for one.
+SCALE_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("weight_scale_inv", "DeepSeek-V3 / transformers: x.weight_scale_inv"),
+    ("scale", "DeepSeek-V4 release: x.scale"),
+    ("weight_scale", "compressed-tensors / Quark: x.weight_scale"),
+    ("input_scale", "static activation scale: x.input_scale"),
+)
+
+
+def scale_owner(name: str) -> str | None:
+    """The weight a tensor named `name` would be the scale of, under the first convention its name fits."""
+    for suffix, _ in SCALE_SUFFIXES:
+        if name.endswith("." + suffix):
+            return name.removesuffix(suffix) + "weight"
+        if suffix == "weight_scale_inv" and name.endswith("_scale_inv"):
+            return name.removesuffix("_scale_inv")  # stacked experts: gate_up_proj_scale_inv
+    return None
+
+
+def pair_scales(dtypes: dict[str, torch.dtype]) -> dict[str, str]:
+    """scale name -> weight name for every tensor of a checkpoint (name -> dtype) that scales a quantised weight."""
+    quantised = {n for n, d in dtypes.items() if d in LOW_PRECISION}
+    return {n: w for n in dtypes if (w := scale_owner(n)) is not None and w in quantised}
+
+
+# Stored low-precision weights: FP8, and MXFP4 as packed bytes (F4, or I8/U8 as the official release's headers)
+LOW_PRECISION = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz,
+                 torch.float4_e2m1fn_x2, torch.int8, torch.uint8)
+
+
 def scale_shape(shape: Sequence[int], block_size: int = 128) -> tuple[int, ...]:
     """[..., N, K] -> [..., ceil(N/block), ceil(K/block)]."""
     *lead, n, k = shape

@@ -36,8 +36,12 @@ DTYPES: dict[str, torch.dtype] = {
     "F8_E5M2": torch.float8_e5m2,
     "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
     "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,  # power-of-two block scales (the official DeepSeek-V4 release's `.scale`)
+    "F4": torch.float4_e2m1fn_x2,  # MXFP4 e2m1, two values a byte (the official release's routed experts)
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# F4's header shape counts e2m1 values; torch holds two per byte, so its last dimension is half the header's.
+_PACKED = {torch.float4_e2m1fn_x2: 2}
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
 
 
@@ -79,11 +83,16 @@ def read_header(path: str | Path) -> tuple[list[TensorInfo], dict]:
     infos = []
     for name, entry in header.items():
         try:
-            dtype = DTYPES[entry["dtype"]]
+            kind = entry["dtype"]
             shape = tuple(int(d) for d in entry["shape"])
             begin, end = (int(o) for o in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{path}: tensor {name}: corrupt header entry {entry!r} ({err!r})") from None
+        if kind not in DTYPES:
+            raise CheckpointError(f"{path}: tensor {name}: dtype {kind!r} is not one this reader knows "
+                                  f"({', '.join(DTYPES)})")
+        dtype = DTYPES[kind]
+        shape = _torch_shape(shape, dtype, f"{path}: tensor {name}")
         nbytes = math.prod(shape) * dtype.itemsize
         if end - begin != nbytes or begin < 0 or any(d < 0 for d in shape):
             raise CheckpointError(
@@ -103,6 +112,23 @@ def read_header(path: str | Path) -> tuple[list[TensorInfo], dict]:
         raise CheckpointError(f"{path}: {what} safetensors file: header needs {expected} bytes "
                               f"(last tensor {last}), file has {size}")
     return infos, metadata
+
+
+def _torch_shape(shape: tuple[int, ...], dtype: torch.dtype, where: str) -> tuple[int, ...]:
+    """A header shape as torch holds it: packed dtypes fold their last dimension."""
+    per_byte = _PACKED.get(dtype, 1)
+    if per_byte == 1:
+        return shape
+    if not shape or shape[-1] % per_byte:
+        raise CheckpointError(f"{where}: {DTYPE_NAMES[dtype]} shape {list(shape)} has a last dimension that is "
+                              f"not a multiple of {per_byte} (values per byte)")
+    return (*shape[:-1], shape[-1] // per_byte)
+
+
+def header_shape(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
+    """The shape safetensors writes for a torch tensor of ``shape`` and ``dtype`` (packed: values, not bytes)."""
+    per_byte = _PACKED.get(dtype, 1)
+    return shape if per_byte == 1 else (*shape[:-1], shape[-1] * per_byte)
 
 
 def read_tensor(f, info: TensorInfo, path: str | Path = "", buffer: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,7 +157,8 @@ class StreamingWriter:
         offset = 0
         for name, dtype, shape in plan:
             nbytes = math.prod(shape) * dtype.itemsize
-            header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(header_shape(tuple(shape), dtype)),
+                            "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)

@@ -10,7 +10,7 @@ Every quantised tensor is checked as it passes: NaN/Inf in, NaN out, or an error
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -23,6 +23,7 @@ from repro.fp8.quant import (
     get_format,
     quantize_block_with_error,
 )
+from repro.fp8.mxfp4 import double_scale
 from repro.fp8.rules import Decision, decide, scale_name, scale_shape
 from repro.fp8.verify import TensorStats, check_stats, rel_error_bound
 
@@ -44,10 +45,11 @@ def check_input_dtype(name: str, dtype: torch.dtype, decision: Decision, where: 
 
 
 def planned_outputs(name: str, shape: tuple, dtype: torch.dtype, fmt: FP8Format, rule: Rule = decide,
-                    block_size: int = BLOCK_SIZE) -> list[tuple[str, torch.dtype, tuple]]:
+                    block_size: int = BLOCK_SIZE, scale_namer: Callable[[str], str] = scale_name
+                    ) -> list[tuple[str, torch.dtype, tuple]]:
     """What `quantize_tensors` yields for one input tensor, known from its metadata alone."""
     if rule(name, shape, dtype).quantise:
-        return [(name, fmt.dtype, tuple(shape)), (scale_name(name), torch.float32, scale_shape(shape, block_size))]
+        return [(name, fmt.dtype, tuple(shape)), (scale_namer(name), torch.float32, scale_shape(shape, block_size))]
     return [(name, dtype, tuple(shape))]
 
 
@@ -61,12 +63,14 @@ def quantize_tensors(
     max_rel_error: float | None = None,
     on_stats: Callable[[TensorStats], None] | None = None,
     where: str = "",
+    scale_namer: Callable[[str], str] = scale_name,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """BF16 (name, tensor) pairs in, checkpoint-ready pairs out.
 
-    A tensor that `rule` quantises yields (name, fp8) then (`scale_name(name)`, fp32 block scales); any other
-    tensor is yielded unchanged. `on_stats` receives a TensorStats per input tensor (error figures for the FP8
-    ones). `where` (e.g. the shard path) prefixes error messages.
+    A tensor that `rule` quantises yields (name, fp8) then (`scale_namer(name)`, fp32 block scales: DeepSeek-V3's
+    `_scale_inv` by default, `rules.release_scale_name` for the DeepSeek-V4 release's `.scale`); any other tensor
+    is yielded unchanged. `on_stats` receives a TensorStats per input tensor (error figures for the FP8 ones).
+    `where` (e.g. the shard path) prefixes error messages.
     """
     fmt = get_format(fmt)
     limit = rel_error_bound(fmt, pow2_scale, block_size) if max_rel_error is None else max_rel_error
@@ -97,29 +101,49 @@ def quantize_tensors(
         if on_stats:
             on_stats(stats)
         yield name, q
-        yield scale_name(name), s
+        yield scale_namer(name), s
+
+
+PACKED_FP4 = (torch.float4_e2m1fn_x2, torch.int8, torch.uint8)  # how a checkpoint may hold MXFP4 bytes
+FP4_ON_GFX942 = (
+    "holds MXFP4 (e2m1) routed experts: MI300/MI308X (gfx942) has no FP4 compute, and vLLM's MXFP4 MoE kernels "
+    "on ROCm target gfx950 (MI350). Serve FP8 there instead: convert the BF16 release "
+    "(RedHatAI/DeepSeek-V4-Flash-BF16) with `repro convert --format e4m3fnuz`"
+)
 
 
 def fn_to_fnuz_tensors(
     items: Iterable[tuple[str, torch.Tensor]],
+    scales: Mapping[str, str],
     *,
     on_stats: Callable[[TensorStats], None] | None = None,
     where: str = "",
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """An e4m3fn checkpoint's pairs -> e4m3fnuz, by vLLM's rule (`e4m3fn_to_e4m3fnuz`).
 
-    Weights and their scales are converted independently (they may sit in different shards): fp8 weights get
-    the -128 -> 0 fix and are reinterpreted, `*_scale_inv` / `*input_scale` tensors are doubled, the rest passes.
+    `scales` (scale name -> weight name, from `rules.pair_scales` over the whole checkpoint) says which tensors
+    are block scales, whatever their naming convention (`_scale_inv`, `.scale`, `.weight_scale`, `input_scale`):
+    every one is doubled in its own dtype (an E8M0 scale gains one in its exponent byte), since fnuz bits mean
+    half the fn value. Weights and scales are converted independently (they may sit in different shards): fp8
+    weights get the -128 -> 0 fix and are reinterpreted, the rest passes. A scale of a packed FP4 weight is
+    refused (`FP4_ON_GFX942`).
     """
+    prefix = f"{where}: " if where else ""
+    owners = set(scales.values())
     one = torch.ones(())
     for name, t in items:
         action, reason, dtype_in = "keep", "not FP8", str(t.dtype).removeprefix("torch.")
+        if name in owners and t.dtype in PACKED_FP4:
+            raise CheckpointError(f"{prefix}tensor {name} {FP4_ON_GFX942}")
         if t.dtype == torch.float8_e4m3fn:
             t, _, _ = e4m3fn_to_e4m3fnuz(t, one)
             action, reason = "fn->fnuz", "bit pattern -128 -> 0, reinterpreted as e4m3fnuz"
-        elif name.endswith(("_scale_inv", "input_scale")):
-            _, t, _ = e4m3fn_to_e4m3fnuz(torch.empty(0, dtype=torch.float8_e4m3fn), t)
-            action, reason = "fn->fnuz", "scale doubled (fnuz bits mean half the fn value)"
+        elif name in scales:
+            try:
+                t = double_scale(t)
+            except ValueError as err:
+                raise CheckpointError(f"{prefix}tensor {name}: {err}") from None
+            action, reason = "fn->fnuz", f"scale of {scales[name]} doubled (fnuz bits mean half the fn value)"
         if on_stats:
             n = t.numel() * t.dtype.itemsize
             on_stats(TensorStats(name=name, shape=tuple(t.shape), dtype=dtype_in,

@@ -173,26 +173,39 @@ def load_tensor(folder, name: str, _where: dict | None = None) -> torch.Tensor:
 def verify_checkpoint(reference_dir, fp8_dir, block_size: int = 128):
     """Independent check of a converted folder, read with the `safetensors` library (as loaders do).
 
-    For every tensor of the reference (BF16) checkpoint: the FP8 output either holds it unchanged (bit for bit)
-    or holds FP8 data plus `<name>_scale_inv`, whose reference dequantisation is compared with the original.
-    Returns a DataFrame: name, action ("fp8"/"keep"), dtype, rel_error, max_abs_error, finite, identical.
+    For every tensor of the reference (BF16) checkpoint, under the name the output gives it (a DeepSeek-V4
+    reference in transformers' layout is compared in the release's names, its stacked experts cut per expert):
+    the output either holds it unchanged (bit for bit) or holds low-precision data plus its block scale, whatever
+    the scale's naming (`_scale_inv`, `.scale`) or encoding (FP32, E8M0), whose reference dequantisation is
+    compared with the original. MXFP4 experts (the official release's) are dequantised too.
+    Returns a DataFrame: name, action ("fp8"/"fp4"/"keep"), dtype, rel_error, max_abs_error, finite, identical.
     """
     import pandas as pd
 
+    from repro.fp8.mxfp4 import dequantize_mxfp4, e8m0_to_float
     from repro.fp8.quant import dequantize_block
+    from repro.fp8.rules import pair_scales
+    from repro.fp8.stream import PACKED_FP4
 
     ref, out = _locate(reference_dir), _locate(fp8_dir)
-    rows = []
-    for name in sorted(ref):
-        w = load_tensor(reference_dir, name, ref)
+    scale_of = {w: sc for sc, w in pair_scales(_dtypes(fp8_dir, out)).items()}
+    rows, seen = [], set()
+    for name, w in _reference_items(reference_dir, ref, out):
+        seen.add(name)
+        if name not in out:
+            raise CheckpointError(f"{fp8_dir}: reference tensor {name} is missing")
         got = load_tensor(fp8_dir, name, out)
-        scale_key = name + "_scale_inv"
         row = {"name": name, "dtype": str(got.dtype).removeprefix("torch.")}
-        if scale_key in out:
-            deq = dequantize_block(got, load_tensor(fp8_dir, scale_key, out), block_size=block_size)
+        if name in scale_of:
+            scale = load_tensor(fp8_dir, scale_of[name], out)
+            if got.dtype in PACKED_FP4:
+                deq, action = dequantize_mxfp4(got, scale), "fp4"
+            else:
+                scale = e8m0_to_float(scale) if scale.dtype == torch.float8_e8m0fnu else scale
+                deq, action = dequantize_block(got, scale, block_size=block_size), "fp8"
             d = deq - w.float()
             norm = w.float().norm().item()
-            row |= {"action": "fp8", "rel_error": d.norm().item() / norm if norm else d.norm().item(),
+            row |= {"action": action, "rel_error": d.norm().item() / norm if norm else d.norm().item(),
                     "max_abs_error": d.abs().max().item() if d.numel() else 0.0,
                     "finite": bool(torch.isfinite(deq).all()), "identical": False}
         else:
@@ -201,7 +214,33 @@ def verify_checkpoint(reference_dir, fp8_dir, block_size: int = 128):
             row |= {"action": "keep", "rel_error": 0.0 if same else math.nan,
                     "max_abs_error": 0.0 if same else math.nan, "finite": True, "identical": same}
         rows.append(row)
-    extra = set(out) - set(ref) - {n + "_scale_inv" for n in ref}
+    extra = set(out) - seen - {scale_of[n] for n in seen if n in scale_of}
     if extra:
         raise CheckpointError(f"{fp8_dir}: tensors not in the reference: {sorted(extra)[:5]}")
     return pd.DataFrame(rows, columns=["name", "action", "dtype", "rel_error", "max_abs_error", "finite", "identical"])
+
+
+def _dtypes(folder, where: dict) -> dict[str, torch.dtype]:
+    from repro.fp8.safetensors_io import read_header
+
+    dtypes = {}
+    for path in sorted(set(where.values())):
+        dtypes.update({t.name: t.dtype for t in read_header(path)[0]})
+    return dtypes
+
+
+def _reference_items(reference_dir, ref: dict, out: dict):
+    """(output name, reference tensor): a DeepSeek-V4 in-memory-layout reference cut into release tensors when
+    the output is in the release's names, any other reference under its own names."""
+    from repro.model import layouts
+
+    cut = False
+    if any(n.startswith("model.layers.") for n in ref) and any(n.startswith("layers.") for n in out):
+        cut = layouts.detect_layout(ref, where=str(reference_dir)) == layouts.HF
+    for name in sorted(ref):
+        tensor = load_tensor(reference_dir, name, ref)
+        if not cut:
+            yield name, tensor
+            continue
+        for part in layouts.release_parts(name, tuple(tensor.shape)):
+            yield part.name, part.select(tensor)

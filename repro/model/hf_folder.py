@@ -1,14 +1,16 @@
-"""Tiny checkpoints in Hugging Face layout, safetensors only, written atomically.
+"""Tiny checkpoints as Hugging Face folders, safetensors only, written atomically.
 
 A folder holds ``config.json``, ``model.safetensors`` (float32), ``generation_config.json`` and the tokenizer
 files, so ``AutoModelForCausalLM.from_pretrained(folder)`` / ``AutoTokenizer.from_pretrained(folder)`` load it
-offline like any Hub model. The loader refuses pickle-based weight files (``*.bin``, ``*.pt``, ...): loading
-them runs arbitrary code.
+offline like any Hub model. A DeepSeek-V4 is written in the release's layout by default
+(``repro.model.tiny_release``; ``layout="hf"`` for transformers' own names), any other model by
+``save_pretrained``. Loading records the folder's tensor names, shapes and dtypes on the model
+(``repro.model.served``): the names a weight sync of that model travels under. The loader refuses
+pickle-based weight files (``*.bin``, ``*.pt``, ...): loading them runs arbitrary code.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,17 +18,25 @@ from pathlib import Path
 import torch
 
 from repro.errors import CheckpointError
+from repro.model.tiny_release import replace_dir
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_NEW_TOKENS = 12  # "Answer: 198" + EOS, the longest tiny-math response
 
 
 
-def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> Path:
+def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None,
+                    layout: str = "deepseek") -> Path:
     """Write ``model`` (float32 safetensors) + ``tokenizer`` (+ ``extra_files``: name -> text) to ``out_dir``.
 
-    Everything goes to a temp folder next to ``out_dir`` that is renamed into place, so a reader never sees a
-    half-written checkpoint."""
+    A DeepSeek-V4 goes in ``layout`` ("deepseek": the release's names and config keys; "hf": transformers'
+    names). Everything goes to a temp folder next to ``out_dir`` that is renamed into place, so a reader never
+    sees a half-written checkpoint."""
+    if getattr(model.config, "model_type", None) == "deepseek_v4":
+        from repro.model.tiny_release import write_checkpoint
+
+        return write_checkpoint(model, tokenizer, out_dir, layout=layout, dtype=torch.float32,
+                                extra_files=extra_files, max_new_tokens=MAX_NEW_TOKENS)
     from transformers import GenerationConfig
 
     out = Path(out_dir).resolve()
@@ -47,22 +57,11 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
         tmp.chmod(0o755)
         for file in tmp.iterdir():
             file.chmod(0o644)
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _replace_dir(new: Path, final: Path) -> None:
-    # A rename is atomic only onto a missing path: move any old folder aside first, then drop it.
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-    new.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_safetensors_only(folder: str | Path) -> Path:
@@ -87,11 +86,27 @@ def load_tiny_model(folder: str | Path, dtype: torch.dtype = torch.float32):
     """The model from a safetensors checkpoint folder, in eval mode (local files only, eager attention)."""
     from transformers import AutoModelForCausalLM
 
+    from repro.model.served import record, served_from_folder
+
     path = check_safetensors_only(folder)
+    # DeepSeek-V4 names travel with the folder; read first, so a folder whose names mix layouts fails by name.
+    # Other models keep their state-dict names (transformers renames e.g. Qwen3-MoE's experts on load).
+    served = served_from_folder(path) if _model_type(path) == "deepseek_v4" else None
     model = AutoModelForCausalLM.from_pretrained(
         path, use_safetensors=True, local_files_only=True, dtype=dtype, attn_implementation="eager"
     )
+    if served is not None:
+        record(model, served)
     return model.eval()
+
+
+def _model_type(folder: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except ValueError as err:
+        raise CheckpointError(f"{folder / 'config.json'}: not valid JSON ({err})") from None
 
 
 def load_tiny_tokenizer(folder: str | Path):

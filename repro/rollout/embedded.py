@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from repro.errors import ReproError
+from repro.model.served import check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 
@@ -59,8 +60,10 @@ class EmbeddedEngine:
         # transformers' DeepSeek-V4 names its cache argument `cache`; most models call it `past_key_values`
         params = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in params else "past_key_values"
+        # The names, shapes and dtypes an update must carry: those of the folder the model came from.
+        self.served = served_weights(self.model)
         self.weight_version = -1
-        self.update_weights(model.state_dict().items(), version=0)
+        self._swap(dict(model.state_dict()), version=0)
 
     def _has_topk_routers(self) -> bool:
         try:
@@ -72,25 +75,19 @@ class EmbeddedEngine:
     # -- weights -----------------------------------------------------------------------------------------
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Check the whole update, convert it, then swap: a bad update leaves the old weights serving."""
-        expected = self.model.state_dict()
+        """Check the whole update against the served checkpoint's names, shapes and dtypes, convert it, then
+        swap: a bad update leaves the old weights serving. Names are the checkpoint's (release names for a
+        DeepSeek-V4 folder in the release layout); FP32 tensors must arrive as FP32."""
         received = dict(named_tensors)
-        missing = sorted(set(expected) - set(received))
-        unexpected = sorted(set(received) - set(expected))
-        if missing or unexpected:
-            raise RolloutError(
-                f"weight update v{version}: missing tensors {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"unexpected tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
-            )
-        for name, tensor in received.items():
-            if tuple(tensor.shape) != tuple(expected[name].shape):
-                raise RolloutError(
-                    f"weight update v{version}: tensor {name} has shape {tuple(tensor.shape)}, "
-                    f"the model's is {tuple(expected[name].shape)}"
-                )
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise RolloutError(f"weight update v{version}: tensor {name} holds NaN or Inf")
-        served = self.weight_view(received)
+        check_update(self.served, received, version, RolloutError)
+        self._swap(to_state_dict(self.served, received), version)
+
+    def _swap(self, state: dict[str, torch.Tensor], version: int) -> None:
+        expected = self.model.state_dict()
+        mismatched = sorted(set(expected) ^ set(state))
+        if mismatched:  # the served checkpoint and the module disagree: a bug here, not a bad update
+            raise RolloutError(f"weight update v{version}: module and checkpoint disagree on {mismatched[:5]}")
+        served = self.weight_view(state)
         self.model.load_state_dict(served, strict=True)
         self.weight_version = version
 

@@ -13,12 +13,15 @@ What it maps, and how:
   e4m3fn into e4m3fnuz), FP8 KV cache, TP, memory, batch limits, eager mode, the recipe's seed. CPU: BF16
   weights and KV cache, TP1: vLLM's CPU block-FP8 GEMM needs AMX (absent here) and ``fp8_per_block`` /
   ``fp8`` fail on CPU, and its CPU attention has no FP8 KV cache.
-* Log-probs: ``logprobs=0`` returns the sampled token's log-prob. vLLM's default ``raw_logprobs`` is
-  log_softmax of the *raw* logits (temperature ignored); the engine asks for ``processed_logprobs``, which
-  vLLM 0.32 computes after temperature and after top-k/top-p masking (``Sampler.sample`` ->
-  ``TopKTopPSampler``). With top_p = 1 and top_k = -1 -- every training rollout -- that is exactly the
-  embedded engine's log_softmax(logits / T). With a top-k/top-p filter (evaluation only) vLLM reports the
-  renormalised filtered distribution, the embedded engine the unfiltered one: they differ there.
+* Log-probs: ``logprobs=0`` returns the sampled token's log-prob. The TIS ratio exp(old - rollout) needs the
+  log-prob of the distribution the token was *sampled* from, the one the trainer recomputes at the same
+  temperature. vLLM's default (and LumenRL's), ``raw_logprobs``, is log_softmax of the raw logits, temperature
+  ignored: at T = 0.8 it is a different distribution, and the ratio would measure the temperature, not the
+  rollout/trainer mismatch. The engine asks for ``processed_logprobs``, which vLLM 0.32 computes after
+  temperature and after top-k/top-p masking (``Sampler.sample`` -> ``TopKTopPSampler``). With top_p = 1 and
+  top_k = -1 -- every training rollout -- that is exactly the embedded engine's log_softmax(logits / T). With a
+  top-k/top-p filter (evaluation only) vLLM reports the renormalised filtered distribution, the embedded engine
+  the unfiltered one: they differ there.
 * Determinism: one vLLM seed per prompt (``params.seed`` + prompt index; vLLM gives child i of an n-sample
   request seed + i). A seeded request whose prefill is cut in chunks crashes vLLM's CPU sampler (it rewinds
   the generator's offset, which CPU generators lack), so on CPU chunked prefill is off and the step budget is
@@ -26,15 +29,20 @@ What it maps, and how:
 * Finish reasons: vLLM "stop" (the EOS id is passed as a stop token, kept in the output) -> EOS, "length"
   -> LENGTH; anything else (abort) is an error.
 * Routing (R3). CPU: captured in the worker by the router hook and mapped back to requests
-  (``vllm_worker``); prefix caching is turned off while recording, since cached prompt tokens would never
-  pass a router. GPU: vLLM's own capture (``enable_return_routed_experts``, Model Runner V2, which the GPU
-  build runs by default and which keeps routing per KV slot, so prefix caching stays correct) returns
-  ``CompletionOutput.routed_experts`` [tokens, moe_layers, top_k]; layer keys are then the index along
-  vLLM's MoE-layer axis. That path is written from vLLM 0.32's source and NOT exercised here (no GPU).
-* Weight updates: checked whole against the checkpoint's names and shapes (as the embedded engine checks
-  its state dict), written as one safetensors file under /dev/shm, loaded in place on every worker by
-  ``reload_weights`` (checkpoint format; vLLM re-quantises to FP8 on GPU, the CPU experts are re-packed),
-  then the prefix cache is reset so no KV computed with old weights is reused.
+  (``vllm_worker``); cached prompt tokens would never pass a router. GPU: vLLM's own capture
+  (``enable_return_routed_experts``, Model Runner V2) returns ``CompletionOutput.routed_experts``
+  [tokens, moe_layers, top_k]; layer keys are then the index along vLLM's MoE-layer axis. That path is written
+  from vLLM 0.32's source and NOT exercised here (no GPU). Prefix caching is off whenever routing is replayed,
+  on GPU too, as LumenRL runs DeepSeek-V4 (``grpo_dsv4_flash_vllm_longrun.yaml``: enable_prefix_caching false,
+  R3 on): every replayed position then has routing computed by its own request.
+* Weight updates: checked whole against the served checkpoint's names, shapes and dtypes
+  (``repro.model.served``: a DeepSeek-V4 release folder is updated in release names, its MTP layer left out,
+  its FP32 tensors must arrive as FP32), written as one safetensors file under /dev/shm in the dtypes
+  received, loaded in place on every worker by ``reload_weights`` (checkpoint format, so vLLM's own DeepSeek-V4
+  ``WeightsMapper`` renames; vLLM re-quantises to FP8 on GPU, the CPU experts are re-packed), then the prefix
+  cache is reset so no KV computed with old weights is reused.
+* Refused: a DeepSeek-V4 checkpoint with MXFP4 experts on gfx942 (``check_servable``). What LumenRL patches in
+  vLLM for this model, and what we do instead, is in docs/checkpoint-layouts.md.
 """
 
 from __future__ import annotations
@@ -49,8 +57,9 @@ from typing import Any, Iterable
 
 import torch
 
-from repro.recipes.schema import Recipe
 from repro.errors import ReproError
+from repro.model.served import check_update, served_from_folder
+from repro.recipes.schema import Recipe
 from repro.rollout.embedded import RolloutError
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 
@@ -90,7 +99,7 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         "enforce_eager": r.enforce_eager,
         "logprobs_mode": "processed_logprobs",  # log_softmax(logits / T): see the module docstring
         "max_logprobs": 0,                        # only the sampled token's log-prob is ever asked for
-        "enable_prefix_caching": not recipe.routing_replay.enabled,  # cached tokens pass no router (CPU hook)
+        "enable_prefix_caching": not recipe.routing_replay.enabled,  # R3: as LumenRL, see the module docstring
         "worker_extension_cls": WORKER_EXTENSION,
     }
     if on_cpu:
@@ -128,9 +137,7 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         quantization=quantization,
         kv_cache_dtype=r.kv_cache_dtype,
         gpu_memory_utilization=r.gpu_memory_utilization,
-        # vLLM's own per-KV-slot routing capture: correct under prefix caching, so caching stays on
         enable_return_routed_experts=recipe.routing_replay.enabled,
-        enable_prefix_caching=True,
     )
     return args
 
@@ -144,25 +151,34 @@ def vllm_sampling_kwargs(params: SamplingParams, eos_id: int, max_tokens: int, s
                 stop_token_ids=[eos_id], ignore_eos=False, detokenize=False, skip_special_tokens=False)
 
 
-def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor name -> shape, from the safetensors headers (no tensor is read)."""
-    from safetensors import safe_open
+def check_servable(model_dir: str | Path, gpu_arch: str | None) -> None:
+    """Refuse what this GPU cannot serve: MXFP4 routed experts on gfx942 (MI300/MI308X)."""
+    from repro.fp8.inputs import expert_dtype, is_deepseek_v4
+    from repro.fp8.stream import FP4_ON_GFX942
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise VLLMRolloutError(f"{model_dir}: no *.safetensors weights to serve")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
-    return shapes
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    quantised = bool(config.get("quantization_config"))
+    if gpu_arch and gpu_arch.startswith("gfx942") and is_deepseek_v4(config) and quantised \
+            and expert_dtype(config) == "fp4":
+        raise VLLMConfigError(f"{model_dir}: this DeepSeek-V4 checkpoint (expert_dtype "
+                              f"{config.get('expert_dtype', 'absent, which vLLM reads as fp4')}) {FP4_ON_GFX942}")
 
 
-def _checkpoint_dtype(model_dir: Path) -> torch.dtype:
-    config = json.loads((model_dir / "config.json").read_text())
-    name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
-    return getattr(torch, name)
+def _gpu_arch() -> str | None:
+    """The ROCm GPU's gfx name (``gfx942`` on MI308X), None elsewhere."""
+    if not (torch.cuda.is_available() and getattr(torch.version, "hip", None)):
+        return None
+    return str(getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")) or None
+
+
+def stage_update(received: dict[str, torch.Tensor], folder: Path) -> Path:
+    """One safetensors file holding the update as received: each tensor in its own dtype (FP32 stays FP32; the
+    worker hands the file to vLLM's loader, which renames checkpoint names and copies into its parameters)."""
+    from safetensors.torch import save_file
+
+    path = folder / "weights.safetensors"
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in received.items()}, str(path))
+    return path
 
 
 class VLLMEngine:
@@ -181,8 +197,9 @@ class VLLMEngine:
 
         self.model_dir = Path(model_dir)
         self.eos_id, self.max_context = eos_id, max_context
-        self.expected = checkpoint_shapes(self.model_dir)
-        self.weight_dtype = _checkpoint_dtype(self.model_dir)
+        check_servable(self.model_dir, _gpu_arch())
+        # The names, shapes and dtypes an update carries: the served folder's (MTP layer left out).
+        self.served = served_from_folder(self.model_dir)
         shm = Path("/dev/shm")
         self.scratch_dir = Path(scratch_dir) if scratch_dir else (shm if shm.is_dir() else Path(tempfile.gettempdir()))
         self.llm = LLM(**engine_args)
@@ -193,6 +210,10 @@ class VLLMEngine:
         if record_routing and not self.native_routing:
             answers = self.llm.collective_rpc("repro_install_routing_capture")
             self.routing_layers = list(answers[0])
+        # LumenRL masks the logits of ids past the tokenizer's length; not here by default: the trainers score over
+        # the whole vocabulary, and a mask on one side only biases the TIS ratio by log(1 - p(masked ids)) per
+        # token (0.03 k3-KL on the untrained tiny Qwen3-MoE, whose 32-id vocabulary has 25 tokens). The worker's
+        # `repro_mask_vocab` is there for a run that masks both sides (docs/checkpoint-layouts.md).
         self.weight_version = 0
 
     @classmethod
@@ -304,30 +325,12 @@ class VLLMEngine:
 
     # -- weights -----------------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Check the whole update against the checkpoint's names and shapes, then reload in place."""
+        """Check the whole update against the served checkpoint's names, shapes and dtypes, then reload in place."""
         received = dict(named_tensors)
-        missing = sorted(set(self.expected) - set(received))
-        unexpected = sorted(set(received) - set(self.expected))
-        if missing or unexpected:
-            raise VLLMRolloutError(
-                f"weight update v{version}: missing tensors {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"unexpected tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
-            )
-        for name, tensor in received.items():
-            if tuple(tensor.shape) != self.expected[name]:
-                raise VLLMRolloutError(
-                    f"weight update v{version}: tensor {name} has shape {tuple(tensor.shape)}, "
-                    f"the model's is {self.expected[name]}"
-                )
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise VLLMRolloutError(f"weight update v{version}: tensor {name} holds NaN or Inf")
-        from safetensors.torch import save_file
-
+        check_update(self.served, received, version, VLLMRolloutError)
         folder = Path(tempfile.mkdtemp(prefix=f"repro-vllm-{os.getpid()}-v{version}-", dir=self.scratch_dir))
         try:
-            path = folder / "weights.safetensors"
-            save_file({k: v.detach().to("cpu", self.weight_dtype).contiguous() for k, v in received.items()},
-                      str(path))
+            path = stage_update(received, folder)
             loaded = self.llm.collective_rpc("repro_reload_weights", args=(str(path),))
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -111,6 +111,29 @@ class ReproWorkerExtension:
         if hasattr(self, "_repro_routing"):
             self._repro_routing.clear()
 
+    # -- vocabulary ---------------------------------------------------------------------------------------
+    def repro_mask_vocab(self, size: int | None) -> int:
+        """Give every token id >= ``size`` logit -inf from now on (None: stop); returns the columns masked.
+
+        A checkpoint's vocab_size may exceed its tokenizer (DeepSeek pads it); vLLM trims only its own TP padding
+        (``LogitsProcessor`` keeps ``config.vocab_size`` columns), so ids the tokenizer cannot decode stay
+        sampleable. verl and LumenRL mask them the same way (``monkey_patch_compute_logits``)."""
+        model = self.model_runner.get_model()
+        original = getattr(model, "_repro_compute_logits", None) or model.compute_logits
+        model._repro_compute_logits = original
+        if size is None:
+            model.compute_logits = original
+            return 0
+
+        def compute_logits(*args, **kwargs):
+            logits = original(*args, **kwargs)
+            if logits is not None:
+                logits[..., size:] = float("-inf")
+            return logits
+
+        model.compute_logits = compute_logits
+        return max(0, int(model.config.vocab_size) - int(size))
+
     # -- weights ------------------------------------------------------------------------------------------
     def repro_reload_weights(self, path: str, repack: bool = True) -> tuple[int, int]:
         """Load the safetensors file at ``path`` into the running model in place (checkpoint names).

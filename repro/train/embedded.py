@@ -14,7 +14,9 @@ from typing import Iterator
 import torch
 
 from repro.algos import entropy_from_logits, logprobs_from_logits
+from repro.model import layouts
 from repro.model.routing import RoutingReplay, topk_routers
+from repro.model.served import export_weights, served_weights
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train import trainer_state as saved_state
 from repro.train.base import LogprobResult
@@ -26,11 +28,15 @@ from repro.train.grpo_update import (
 from repro.train.optimizer import MasterAdamW
 
 
-def cast_for_training(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+def cast_for_training(model: torch.nn.Module, dtype: str, keep_fp32=lambda name: False) -> torch.nn.Module:
     """The model's parameters in the trainer's compute dtype, in eval mode (V4 has no dropout to switch on, and
-    generate() expects eval). Rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them."""
-    for param in model.parameters():
-        param.data = param.data.to(DTYPES[dtype])
+    generate() expects eval). Rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them, and
+    so do the parameters ``keep_fp32(name)`` names: the tensors the release stores in FP32 (hyper-connections,
+    sinks, compressor position bias), which LumenRL keeps FP32 too -- BF16 would round them in every update and
+    every sync."""
+    for name, param in model.named_parameters():
+        if not keep_fp32(name):
+            param.data = param.data.to(DTYPES[dtype])
     return model.eval()
 
 
@@ -76,7 +82,11 @@ class EmbeddedTrainer:
         self.temperature = temperature
         self.replay_routing = replay_routing
         torch.manual_seed(seed)
-        self.model = cast_for_training(model, dtype)
+        # What the weight export must reproduce: the served checkpoint's names, shapes and dtypes (taken before
+        # the cast, so a model built in memory exports the dtypes it was built in).
+        self.served = served_weights(model)
+        v4 = self.served.layout in (layouts.DEEPSEEK, layouts.HF)
+        self.model = cast_for_training(model, dtype, keep_fp32=layouts.keeps_fp32 if v4 else (lambda name: False))
         self.routers = topk_routers(model)
         self.opt = MasterAdamW(model, self.optim)
         self.opt.zero_grad()
@@ -159,13 +169,14 @@ class EmbeddedTrainer:
     # ---- weights and state ---------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the model's state dict (parameters and persistent buffers such as the hash-routing
-        table), detached copies on CPU; floating ones in the trainer's dtype, integer ones unchanged."""
-        for name, tensor in self.model.state_dict().items():
-            tensor = tensor.detach().to("cpu")
-            if tensor.is_floating_point():
-                tensor = tensor.to(self.dtype)
-            yield name, tensor.clone()
+        """Every tensor the served checkpoint holds, as it names and types them: detached CPU copies.
+
+        A DeepSeek-V4 folder in the release layout exports release names (``embed.weight``,
+        ``layers.L.ffn.experts.E.w1.weight``); an in-memory model its state-dict names. Each tensor goes out in
+        the checkpoint's dtype (FP32 hyper-connections stay FP32 whatever the trainer computes in). The MTP layer
+        is left out: no trainer holds it (``repro.model.layouts.MTP_REASON``).
+        """
+        yield from export_weights(self.served, self.model.state_dict())
 
     def save(self, directory: str | Path) -> Path:
         """Write the full training state to ``directory`` (replaced atomically); see ``repro.train.trainer_state``."""

@@ -158,3 +158,19 @@ def test_responses_are_cut_at_the_context(engine):
     result = engine.generate([prompt], SamplingParams(n=2, max_new_tokens=16, seed=0))
     for traj in result.trajectories:
         assert len(traj.response_ids) <= 3 and traj.num_tokens <= MAX_CONTEXT
+
+
+def test_out_of_vocabulary_ids_are_never_sampled_when_masked(engine):
+    """The worker's vocabulary mask (LumenRL's out-of-vocabulary patch): ids past the limit get logit -inf, so
+    no sample reaches them and the processed log-probs renormalise over what is left."""
+    params = SamplingParams(n=8, max_new_tokens=12, temperature=1.5, seed=21)
+    free = engine.generate(PROMPTS, params)
+    assert any(tok >= 64 for t in free.trajectories for tok in t.response_ids)  # untrained: ids past 64 do occur
+    assert engine.llm.collective_rpc("repro_mask_vocab", args=(64,)) == [256 - 64]
+    try:
+        masked = engine.generate(PROMPTS, params)
+    finally:
+        engine.llm.collective_rpc("repro_mask_vocab", args=(None,))
+    assert all(tok < 64 for t in masked.trajectories for tok in t.response_ids)
+    assert all(torch.isfinite(t.logprobs).all() for t in masked.trajectories)
+    assert engine.generate(PROMPTS, params).trajectories[0].response_ids == free.trajectories[0].response_ids

@@ -8,8 +8,10 @@ the hyper-connection parameters ``hc_{attn,ffn}_{fn,base,scale}`` on each layer,
 ``decoder.hc_head_params.*`` and ``output_layer``. Layer indices are global (``L`` of the HF model); a pipeline
 stage numbers its own layers from 0, so a PP rank subtracts its first layer before looking a name up.
 
-The Hugging Face side is what ``DeepseekV4ForCausalLM.state_dict()`` holds (transformers renames DeepSeek's
-on-disk ``layers.<L>.attn.wq_a`` style keys to these at load). Three kinds of entries:
+The Hugging Face side is what ``DeepseekV4ForCausalLM.state_dict()`` holds; the table itself is written against
+the release's on-disk names and converted through ``repro.model.layouts`` (one renaming for the whole project), and
+``megatron_state_to_release`` exports in release names. LumenRL's spec also names each attention norm a second
+time, ``q_norm._norm.weight`` / ``kv_norm._norm.weight`` (``NORM_ALIASES``). Three kinds of entries:
 
   1:1      one HF tensor is one Megatron tensor (renamed);
   split    ``mlp.experts.gate_up_proj`` [E, 2I, H] and ``mlp.experts.down_proj`` [E, H, I] are E Megatron tensors
@@ -28,58 +30,69 @@ import re
 import torch
 
 from repro.errors import ReproError
+from repro.model import layouts
 
 
 class NameMappingError(ReproError):
     """A weight name or tensor that the DeepSeek-V4 HF <-> Megatron mapping does not know or cannot place."""
 
 
-# Top-level (non-layer) 1:1 names.
-_GLOBAL = {
-    "model.embed_tokens.weight": "embedding.word_embeddings.weight",
-    "model.norm.weight": "decoder.final_layernorm.weight",
-    "lm_head.weight": "output_layer.weight",
-    "model.hc_head.hc_fn": "decoder.hc_head_params.hc_head_fn",
-    "model.hc_head.hc_base": "decoder.hc_head_params.hc_head_base",
-    "model.hc_head.hc_scale": "decoder.hc_head_params.hc_head_scale",
+# Top-level (non-layer) 1:1 names: release name -> Megatron name.
+_GLOBAL_RELEASE = {
+    "embed.weight": "embedding.word_embeddings.weight",
+    "norm.weight": "decoder.final_layernorm.weight",
+    "head.weight": "output_layer.weight",
+    "hc_head_fn": "decoder.hc_head_params.hc_head_fn",
+    "hc_head_base": "decoder.hc_head_params.hc_head_base",
+    "hc_head_scale": "decoder.hc_head_params.hc_head_scale",
 }
 
-# Per-layer 1:1 names: suffix after ``model.layers.<L>.`` -> suffix after ``decoder.layers.<L>.``.
-_LAYER = {
-    "input_layernorm.weight": "input_layernorm.weight",
-    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
-    "attn_hc.fn": "hc_attn_fn",
-    "attn_hc.base": "hc_attn_base",
-    "attn_hc.scale": "hc_attn_scale",
-    "ffn_hc.fn": "hc_ffn_fn",
-    "ffn_hc.base": "hc_ffn_base",
-    "ffn_hc.scale": "hc_ffn_scale",
-    "self_attn.sinks": "self_attention.attn_sink",
-    "self_attn.q_a_proj.weight": "self_attention.wq_a.weight",
-    "self_attn.q_a_norm.weight": "self_attention.q_norm.weight",
-    "self_attn.q_b_proj.weight": "self_attention.wq_b.weight",
-    "self_attn.kv_proj.weight": "self_attention.wkv.weight",
-    "self_attn.kv_norm.weight": "self_attention.kv_norm.weight",
-    "self_attn.o_a_proj.weight": "self_attention.wo_a.weight",
-    "self_attn.o_b_proj.weight": "self_attention.wo_b.weight",
+# Per-layer 1:1 names: suffix after the release's ``layers.<L>.`` -> suffix after ``decoder.layers.<L>.``.
+# The Megatron side is close to the release's own spelling (LumenRL's DSV4 spec keeps wq_a, wkv, compressor.ape).
+_LAYER_RELEASE = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "pre_mlp_layernorm.weight",
+    "hc_attn_fn": "hc_attn_fn",
+    "hc_attn_base": "hc_attn_base",
+    "hc_attn_scale": "hc_attn_scale",
+    "hc_ffn_fn": "hc_ffn_fn",
+    "hc_ffn_base": "hc_ffn_base",
+    "hc_ffn_scale": "hc_ffn_scale",
+    "attn.attn_sink": "self_attention.attn_sink",
+    "attn.wq_a.weight": "self_attention.wq_a.weight",
+    "attn.q_norm.weight": "self_attention.q_norm.weight",
+    "attn.wq_b.weight": "self_attention.wq_b.weight",
+    "attn.wkv.weight": "self_attention.wkv.weight",
+    "attn.kv_norm.weight": "self_attention.kv_norm.weight",
+    "attn.wo_a.weight": "self_attention.wo_a.weight",
+    "attn.wo_b.weight": "self_attention.wo_b.weight",
     # compressor (CSA and HCA layers)
-    "self_attn.compressor.position_bias": "self_attention.compressor.ape",
-    "self_attn.compressor.kv_proj.weight": "self_attention.compressor.wkv.weight",
-    "self_attn.compressor.gate_proj.weight": "self_attention.compressor.wgate.weight",
-    "self_attn.compressor.kv_norm.weight": "self_attention.compressor.norm.weight",
+    "attn.compressor.ape": "self_attention.compressor.ape",
+    "attn.compressor.wkv.weight": "self_attention.compressor.wkv.weight",
+    "attn.compressor.wgate.weight": "self_attention.compressor.wgate.weight",
+    "attn.compressor.norm.weight": "self_attention.compressor.norm.weight",
     # Lightning Indexer (CSA layers): its own compressor and scorer
-    "self_attn.compressor.indexer.position_bias": "self_attention.indexer.compressor.ape",
-    "self_attn.compressor.indexer.kv_proj.weight": "self_attention.indexer.compressor.wkv.weight",
-    "self_attn.compressor.indexer.gate_proj.weight": "self_attention.indexer.compressor.wgate.weight",
-    "self_attn.compressor.indexer.kv_norm.weight": "self_attention.indexer.compressor.norm.weight",
-    "self_attn.compressor.indexer.q_b_proj.weight": "self_attention.indexer.linear_wq_b.weight",
-    "self_attn.compressor.indexer.scorer.weights_proj.weight": "self_attention.indexer.linear_weights_proj.weight",
+    "attn.indexer.compressor.ape": "self_attention.indexer.compressor.ape",
+    "attn.indexer.compressor.wkv.weight": "self_attention.indexer.compressor.wkv.weight",
+    "attn.indexer.compressor.wgate.weight": "self_attention.indexer.compressor.wgate.weight",
+    "attn.indexer.compressor.norm.weight": "self_attention.indexer.compressor.norm.weight",
+    "attn.indexer.wq_b.weight": "self_attention.indexer.linear_wq_b.weight",
+    "attn.indexer.weights_proj.weight": "self_attention.indexer.linear_weights_proj.weight",
     # MoE router (top-k layers: weight + selection bias; hash layers: weight + frozen token->expert table)
-    "mlp.gate.weight": "mlp.router.weight",
-    "mlp.gate.e_score_correction_bias": "mlp.router.expert_bias",
-    "mlp.gate.tid2eid": "mlp.router.tid2eid",
-    "mlp.shared_experts.down_proj.weight": "mlp.shared_experts.linear_fc2.weight",
+    "ffn.gate.weight": "mlp.router.weight",
+    "ffn.gate.bias": "mlp.router.expert_bias",
+    "ffn.gate.tid2eid": "mlp.router.tid2eid",
+    "ffn.shared_experts.w2.weight": "mlp.shared_experts.linear_fc2.weight",
 }
+# LumenRL's DSV4 spec wraps the two attention norms: the same tensor also appears as ``<norm>._norm.weight``
+# (its bridge writes both names into the Megatron state dict). Alias -> the name it duplicates.
+NORM_ALIASES = {
+    "self_attention.q_norm._norm.weight": "self_attention.q_norm.weight",
+    "self_attention.kv_norm._norm.weight": "self_attention.kv_norm.weight",
+}
+# The same table in transformers' in-memory names (the layouts module knows the renaming).
+_GLOBAL = {layouts.hf_name(rel): meg for rel, meg in _GLOBAL_RELEASE.items()}
+_LAYER = {layouts.hf_name(f"layers.0.{rel}").removeprefix("model.layers.0."): meg for rel, meg in _LAYER_RELEASE.items()}
 _LAYER_BACK = {meg: hf for hf, meg in _LAYER.items()}
 
 _SPLIT = {"mlp.experts.gate_up_proj": "mlp.experts.linear_fc1.weight", "mlp.experts.down_proj": "mlp.experts.linear_fc2.weight"}
@@ -120,6 +133,7 @@ def megatron_to_hf(name: str) -> list[str]:
     if match:
         layer, suffix = match.groups()
         prefix = f"model.layers.{layer}."
+        suffix = NORM_ALIASES.get(suffix, suffix)
         if suffix in _LAYER_BACK:
             return [prefix + _LAYER_BACK[suffix]]
         if suffix == _FUSED:
@@ -130,8 +144,13 @@ def megatron_to_hf(name: str) -> list[str]:
     raise NameMappingError(f"{name}: not a Megatron DeepSeek-V4 weight name this mapping knows")
 
 
-def hf_state_to_megatron(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A whole HF state dict as Megatron tensors (experts split per expert, shared gate/up fused)."""
+def hf_state_to_megatron(state: dict[str, torch.Tensor], norm_aliases: bool = False) -> dict[str, torch.Tensor]:
+    """A whole HF state dict as Megatron tensors (experts split per expert, shared gate/up fused).
+
+    ``norm_aliases``: also write each attention norm under LumenRL's ``<norm>._norm.weight`` (as its bridge does),
+    for a spec whose norm module wraps an inner ``_norm``. A release-named state dict is accepted too."""
+    if state and layouts.detect_layout(state) == layouts.DEEPSEEK:
+        state = layouts.from_release(state)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         match = _HF_LAYER.match(name)
@@ -153,6 +172,12 @@ def hf_state_to_megatron(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     orphans = [n for n in state if n.endswith(_FUSED_PARTS[1]) and n[: -len(_FUSED_PARTS[1])] + _FUSED_PARTS[0] not in state]
     if orphans:
         raise NameMappingError(f"{orphans[0]}: its partner gate_proj is missing, cannot fuse the shared fc1")
+    if norm_aliases:
+        for name in list(out):
+            match = _MEG_LAYER.match(name)
+            for alias, main in NORM_ALIASES.items():
+                if match and match.group(2) == main:
+                    out[f"decoder.layers.{match.group(1)}.{alias}"] = out[name]
     return out
 
 
@@ -162,6 +187,10 @@ def megatron_state_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     experts: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in state.items():
         targets = megatron_to_hf(name)
+        if targets[0] in out and len(targets) == 1:  # a norm alias: one tensor under two Megatron names
+            if not torch.equal(out[targets[0]], tensor):
+                raise NameMappingError(f"{name}: differs from the tensor it aliases ({targets[0]})")
+            continue
         suffix = _MEG_LAYER.match(name).group(2) if _MEG_LAYER.match(name) else None
         expert = _MEG_EXPERT.match(suffix) if suffix else None
         if expert:
@@ -178,3 +207,8 @@ def megatron_state_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
             raise NameMappingError(f"{hf_name}: Megatron experts {missing} are missing, cannot stack")
         out[hf_name] = torch.stack([parts[e] for e in range(len(parts))])
     return out
+
+
+def megatron_state_to_release(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Megatron tensors in the DeepSeek-V4 release's names: what a trainer serving a release folder exports."""
+    return layouts.to_release(megatron_state_to_hf(state))
