@@ -85,9 +85,11 @@ def check_safetensors_only(folder: str | Path) -> Path:
 def load_tiny_model(folder: str | Path, dtype: torch.dtype = torch.float32):
     """The model from a safetensors checkpoint folder, in eval mode (local files only, eager attention)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from repro.model.served import record, served_from_folder
 
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per worker per load is noise in a run's log
     path = check_safetensors_only(folder)
     # DeepSeek-V4 names travel with the folder; read first, so a folder whose names mix layouts fails by name.
     # Other models keep their state-dict names (transformers renames e.g. Qwen3-MoE's experts on load).

@@ -143,6 +143,7 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     """
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
+    from traitlets.config import Config
 
     source = notebook_path(name)
     if not source.is_file():
@@ -161,6 +162,9 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
             str(source), str(executed), parameters=_jsonable(parameters or {}),
             kernel_name=kernel_name or venv_kernel_name(), cwd=str(cwd or repro.REPO_DIR),
             progress_bar=False, log_output=log_output,
+            # the kernel talks to us over local IPC sockets, not TCP on an open port (and ipykernel then does not
+            # warn, once per notebook, that TCP is unencrypted)
+            config=Config({"KernelManager": {"transport": "ipc"}}),
         )
     except PapermillExecutionError as err:
         first = (err.source or "").strip().splitlines()
