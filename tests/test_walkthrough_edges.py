@@ -160,3 +160,14 @@ def test_a_run_after_a_sigkill_ends_what_the_killed_run_left_and_nothing_else(tm
     print(f"\nafter SIGKILL, {len(left)} of {len(processes)} recorded Ray processes still run: {left}")
     assert end_recorded_processes(record) or not left  # what the next run does first (repro.run.start.ray_groups)
     assert _wait_gone(processes) == [] and not record.exists()
+
+
+def test_convert_names_a_missing_input_as_missing_and_a_file_as_not_a_folder(tmp_path, capsys):
+    from repro import cli
+
+    assert cli.main(["convert", "--input", str(tmp_path / "no-such-dir"), "--output", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.strip() == f"repro convert: error: {tmp_path / 'no-such-dir'}: does not exist"
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert cli.main(["convert", "--input", str(tmp_path / "model.safetensors"), "--list"]) == 1
+    assert "not a checkpoint folder (a file; give the folder that holds config.json)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -53,8 +53,7 @@ class ShardPlan:
 def read_config(src: Path, fmt: FP8Format) -> tuple[dict, str]:
     """config.json of a causal LM; the mode is fn->fnuz for an FP8 checkpoint asked to become e4m3fnuz."""
     path = src / CONFIG
-    if not src.is_dir():
-        raise CheckpointError(f"{src}: not a checkpoint folder")
+    require_folder(src)
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
@@ -114,10 +113,19 @@ def shard_files(src: Path) -> list[Path]:
             if not (src / name).is_file():
                 raise CheckpointError(f"{src / name}: missing shard named in {index}")
         return [src / n for n in names]
+    require_folder(src)
     files = sorted(src.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{src}: no *.safetensors files")
     return files
+
+
+def require_folder(src: Path) -> None:
+    """``src`` exists and is a folder, or an error that says which it is not."""
+    if not src.exists():
+        raise CheckpointError(f"{src}: does not exist")
+    if not src.is_dir():
+        raise CheckpointError(f"{src}: not a checkpoint folder (a file; give the folder that holds config.json)")
 
 
 def plan_shards(src: Path, fmt: FP8Format, mode: str, block_size: int = BLOCK_SIZE,
