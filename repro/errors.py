@@ -15,3 +15,7 @@ class DataError(ReproError, ValueError):
 
 class CheckpointError(ReproError, ValueError):
     """A checkpoint folder, file or tensor is missing, malformed, or fails FP8 verification."""
+
+
+class TornLineWarning(UserWarning):
+    """The last line of a log was cut off (a run killed mid-write): it is dropped, the rest is read."""

@@ -8,7 +8,7 @@ import torch
 
 from repro.run.checkpoints import driver_rng_state, latest_checkpoint, list_checkpoints, restore_driver_rng, save_checkpoint
 from repro.data.sampler import PromptSampler
-from repro.errors import ReproError
+from repro.errors import ReproError, TornLineWarning
 from repro.run.metrics_log import MetricsLog
 from repro.recipes import load_recipe
 from repro.run.run_dir import checkpoint_bytes, prepare_run_dir
@@ -32,17 +32,22 @@ def test_sampler_epochs_and_resume():
         PromptSampler(3, 4, seed=0)
 
 
-def test_metrics_log_appends_truncates_and_ignores_a_torn_line(tmp_path):
+def test_metrics_log_appends_truncates_and_warns_of_a_torn_line(tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for step in range(1, 5):
         log.append({"kind": "train", "step": step, "x": step / 2, "bad": float("nan")})
     with open(log.path, "a") as handle:
         handle.write('{"kind": "train", "st')  # killed mid-write
-    assert [r["step"] for r in log.rows()] == [1, 2, 3, 4] and log.rows()[0]["bad"] is None
+    with pytest.warns(TornLineWarning, match=r"metrics\.jsonl:5: torn last line dropped"):
+        rows = log.rows()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[0]["bad"] is None
     assert log.truncate_after(2) == 2
     assert [r["step"] for r in log.rows()] == [1, 2]
     frame = __import__("pandas").read_parquet(log.write_parquet())
     assert list(frame["x"]) == [0.5, 1.0]
+    log.path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')  # corrupt before its end: not a kill
+    with pytest.raises(ReproError, match=r"metrics\.jsonl:2: not a JSON row"):
+        log.rows()
 
 
 class FakeTrainer:

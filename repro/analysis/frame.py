@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from repro.errors import ReproError
+from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWarning: re-exported)
 # The canonical names the analysis reads; anything else in a log is kept as it is.
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
@@ -29,10 +29,6 @@ RECIPE_FILE = "recipe.yaml"
 
 class MetricsError(ReproError, ValueError):
     """A metrics log or export is missing, empty, corrupt, or lacks a column the analysis needs."""
-
-
-class TornLineWarning(UserWarning):
-    """The last line of a log was cut off (a run killed mid-write): it is dropped, the rest is read."""
 
 
 @dataclass

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
+
+from repro.errors import ReproError, TornLineWarning
 
 
 def _clean(value):
@@ -34,11 +37,16 @@ class MetricsLog:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        lines = self.path.read_text().splitlines()
+        for number, line in enumerate(lines, start=1):
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
-                break
+                if number == len(lines):  # killed mid-write: the only line that can be torn
+                    warnings.warn(f"{self.path}:{number}: torn last line dropped (the run was stopped mid-write)",
+                                  TornLineWarning, stacklevel=2)
+                    break
+                raise ReproError(f"{self.path}:{number}: not a JSON row (the log is corrupt before its end)") from None
         return out
 
     def truncate_after(self, step: int) -> int:
