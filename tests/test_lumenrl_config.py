@@ -119,7 +119,10 @@ def test_other_recipe_values_map_to_lumenrls_words():
 
 def test_notes_say_where_lumenrl_will_not_do_what_the_recipe_says():
     notes = config_notes(load_recipe(AMD, ON_LUMENRL + ["steps=30"]))
-    assert len(notes) == 2 and "no step-0 evaluation" in notes[0] and "step 30 itself is not checkpointed" in notes[1]
+    assert len(notes) == 3 and "no step-0 evaluation" in notes[0] and "step 30 itself is not checkpointed" in notes[2]
+    assert notes[1].startswith("lumenrl.actor_node_ips / rollout_node_ips: unset")
+    pinned = ["lumenrl.actor_node_ips=10.0.0.2,10.0.0.3", "lumenrl.rollout_node_ips=10.0.0.1", "eval.at_start=false"]
+    assert config_notes(load_recipe(AMD, ON_LUMENRL + pinned)) == []
     assert "validation is off" in config_notes(load_recipe(AMD, ON_LUMENRL + ["steps=10"]))[0]
 
 

@@ -263,6 +263,9 @@ def config_notes(recipe: "Recipe") -> list[str]:
     if recipe.eval.every_steps > recipe.steps:
         notes.append(f"eval.every_steps={recipe.eval.every_steps} is beyond the run's {recipe.steps} steps: "
                      "LumenRL's validation is off (val_steps 0)")
+    if not (recipe.lumenrl.actor_node_ips and recipe.lumenrl.rollout_node_ips):
+        notes.append("lumenrl.actor_node_ips / rollout_node_ips: unset, so LumenRL places its workers by free GPUs; "
+                     "pin them when the trainer and rollout nodes run different images (AMD's -train and -rollout)")
     if recipe.steps % recipe.checkpoint.every_steps:
         notes.append(f"checkpoint.every_steps={recipe.checkpoint.every_steps}: LumenRL saves only at multiples of "
                      f"it, so step {recipe.steps} itself is not checkpointed")
