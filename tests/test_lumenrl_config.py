@@ -153,3 +153,21 @@ def test_the_tiny_recipe_on_lumenrl_names_every_field_at_fault():
 def test_the_repro_engine_ignores_the_lumenrl_section():
     recipe = load_recipe("tiny-cpu", ["lumenrl.wandb=true"])
     assert recipe.engine == "repro" and recipe.lumenrl.wandb and not math.isnan(recipe.optim.lr)
+
+
+def test_the_walkthroughs_cluster_recipe_is_a_valid_lumenrl_recipe(tmp_path):
+    """docs/cluster-walkthrough.md shows a site recipe; it must load as written and pin what it says."""
+    import re
+
+    import repro
+
+    text = (repro.REPO_DIR / "docs" / "cluster-walkthrough.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "my-cluster.yaml" in b]
+    path = tmp_path / "my-cluster.yaml"
+    path.write_text(block)
+    recipe = load_recipe(path)
+    settings = {**recipe_settings(recipe), **run_settings(recipe, recipe.lumenrl.checkpoint_dir, resume=False)}
+    assert recipe.engine == "lumenrl" and recipe.steps == 75
+    assert settings["controller.ray.rollout.topology_tags"] == {"node_ips": "10.0.0.1"}
+    assert settings["reward.dataset"] == "/dev/shm/datasets/dapo-math-17k/dapo-math-17k.jsonl"
+    assert recipe.lumenrl.env["NCCL_SOCKET_IFNAME"] == "ens14np0" and len(recipe.lumenrl.overrides) == 3
