@@ -143,5 +143,5 @@ def standin_overrides(checkout: Path, inputs: Path, steps: int, save_every: int,
     for path in (train, held_out):
         path.write_text('{"prompt": "1+1=?", "reward_model": {"ground_truth": "2"}}\n')
     return ["engine=lumenrl", f"lumenrl.path={checkout}", f"model.path={model}", f"data.train.path={train}",
-            f"data.eval.path={held_out}", "model.num_parameters=1000", f"steps={steps}",
+            f"data.eval.path={held_out}", f"steps={steps}",
             f"checkpoint.every_steps={save_every}", f"eval.every_steps={eval_every}"]

@@ -20,6 +20,7 @@ import yaml
 import repro
 from lumenrl_support import make_standin_checkout, standin_overrides
 from repro.lumenrl import launch
+from repro.errors import RecipeError, ReproError
 from repro.lumenrl.launch import LumenRLError
 from repro.recipes import load_recipe
 from repro.run.metrics_log import MetricsLog
@@ -100,6 +101,18 @@ def test_a_new_run_refuses_a_checkpoint_folder_another_run_filled(standin):
     recipe = _recipe(checkout, tmp_path, f"lumenrl.checkpoint_dir={shared}")
     with pytest.raises(LumenRLError, match=r"lumenrl.checkpoint_dir: .*shared-ckpt already holds global_step_25"):
         run_recipe(recipe, tmp_path / "run", say=lambda line: None)
+
+
+def test_inputs_missing_on_the_head_and_a_run_in_the_way_are_named(standin):
+    checkout, tmp_path = standin
+    recipe = _recipe(checkout, tmp_path, "data.eval.path=/nowhere/aime.jsonl")
+    with pytest.raises(RecipeError, match="data.eval.path: path does not exist: /nowhere/aime.jsonl"):
+        run_recipe(recipe, tmp_path / "run", say=lambda line: None)
+    recipe = _recipe(checkout, tmp_path, steps=2)  # AMD's 284B parameters: no checkpoint-size check in the run dir
+    run_recipe(recipe, tmp_path / "run", say=lambda line: None)
+    with pytest.raises(ReproError, match="already holds a run .metrics.jsonl.; pass --resume"):
+        run_recipe(recipe, tmp_path / "run", say=lambda line: None)
+    assert run_recipe(recipe, tmp_path / "run", resume=True, say=lambda line: None).already_finished
 
 
 def test_a_missing_checkout_is_named_before_anything_starts(tmp_path):

@@ -105,50 +105,69 @@ def resume_hint(recipe: Recipe, run_dir: Path) -> str:
     return f"the last LumenRL checkpoint is step {newest.step} ({newest.path}): rerun with --resume (notebook 03 resumes)"
 
 
-def run_lumenrl(recipe: Recipe, plan: RunPlan, *, progress: Progress = no_progress,
-                say: Callable[[str], None] = print, grace_s: float = launch.STOP_GRACE_S) -> RunOutcome:
-    """``repro.run.start.run_planned`` for LumenRL: start it, stream its log until it exits, stop it whatever
-    happens here. Raises LumenRLError when it fails or stops before the recipe's last step."""
-    from repro.run.run_dir import check_inputs
+def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], grace_s: float) -> tuple[MetricsLog, int]:
+    """Everything that can fail before LumenRL starts, then the run directory made ready: the checkout, the run
+    directory (writable; a new run does not overwrite one), the model and data on this node, a LumenRL an earlier
+    launch left running, the log cut back to the resume step. Returns the log and that step.
 
-    started = time.perf_counter()
-    run_dir = plan.run_dir
-    say(plan.describe())
-    if plan.finished:
-        return RunOutcome(run_dir, plan.checkpoint.step, plan.checkpoint.step, 0.0, time.perf_counter() - started,
-                          already_finished=True)
+    The checkpoints' disk space is not checked here (repro's own runs check it in the run directory): LumenRL's
+    shards go to checkpoint_dir on the trainer nodes, which `repro check` (notebook 00) looks at."""
+    from repro.errors import ReproError
+    from repro.recipes import dump_recipe, require_paths
+
     problems = launch.checkout_problems(recipe)
     if problems:
         raise launch.LumenRLError("LumenRL cannot be started from here: " + "; ".join(problems))
+    run_dir = plan.run_dir
     if plan.fresh and run_dir.exists():
         shutil.rmtree(run_dir)
-    check_inputs(recipe, run_dir, plan.resume)
-    work = run_dir / WORK
-    ended = launch.end_recorded_process(work / "process.json", grace_s)
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    if not plan.resume and metrics.path.exists():
+        raise ReproError(f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
+                         "or choose another --run-dir")
+    try:
+        (run_dir / WORK).mkdir(parents=True, exist_ok=True)
+        (run_dir / LOG).parent.mkdir(exist_ok=True)
+    except OSError as err:
+        raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+    require_paths(recipe, ("model.path", "data.train.path", "data.eval.path"))  # the driver loads them here
+    dump_recipe(recipe, run_dir / "recipe.yaml")
+    ended = launch.end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped LumenRL {ended}, which an earlier launch of {run_dir} left running")
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
     start_step = plan.checkpoint.step if plan.resume and plan.checkpoint else 0
     if not plan.resume:
         _check_fresh_checkpoints(recipe, run_dir)
     elif metrics.path.exists():
         metrics.truncate_after(start_step)  # the log as it stood at the checkpoint LumenRL continues from
-    (work / "finished.json").unlink(missing_ok=True)
-    if not (plan.resume and plan.checkpoint):
-        (work / ORIGINS_FILE).unlink(missing_ok=True)
-    config, command, env = prepare_config(recipe, run_dir, resume=plan.checkpoint is not None)
+    (run_dir / WORK / "finished.json").unlink(missing_ok=True)
+    if not start_step:
+        (run_dir / WORK / ORIGINS_FILE).unlink(missing_ok=True)
+    return metrics, start_step
+
+
+def run_lumenrl(recipe: Recipe, plan: RunPlan, *, progress: Progress = no_progress,
+                say: Callable[[str], None] = print, grace_s: float = launch.STOP_GRACE_S) -> RunOutcome:
+    """``repro.run.start.run_planned`` for LumenRL: start it, stream its log until it exits, stop it whatever
+    happens here. Raises LumenRLError when it fails or stops before the recipe's last step."""
+    started = time.perf_counter()
+    run_dir, work = plan.run_dir, plan.run_dir / WORK
+    say(plan.describe())
+    if plan.finished:
+        return RunOutcome(run_dir, plan.checkpoint.step, plan.checkpoint.step, 0.0, time.perf_counter() - started,
+                          already_finished=True)
+    metrics, start_step = prepare_run_dir(recipe, plan, say, grace_s)
+    config, command, env = prepare_config(recipe, run_dir, resume=start_step > 0)
     for note in lumenrl_config.config_notes(recipe):
         say(f"note: {note}")
     if recipe.lumenrl.ray_stop_first:
         say("ray stop --force (lumenrl.ray_stop_first)")
         launch.ray_stop()
     log = run_dir / LOG
-    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         handle.write(f"=== repro: starting LumenRL at {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, "
                      f"{'resuming after step ' + str(start_step) if start_step else 'from step 0'} ===\n")
-    offset = log.stat().st_size
-    stream = MetricsStream(log, metrics, progress, offset, origins_path=work / ORIGINS_FILE)
+    stream = MetricsStream(log, metrics, progress, log.stat().st_size, origins_path=work / ORIGINS_FILE)
     first_row_s = None
     with ExitStack() as stack:
         stack.enter_context(terminate_as_exit())
@@ -171,8 +190,8 @@ def run_lumenrl(recipe: Recipe, plan: RunPlan, *, progress: Progress = no_progre
     if logged < recipe.steps:
         raise launch.LumenRLError(f"LumenRL exited 0 but logged {logged} of {recipe.steps} steps (interrupted?); "
                                   f"log {log}; {resume_hint(recipe, run_dir)}")
-    done = work / "finished.json"
-    done.write_text(json.dumps({"step": logged, "at": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"}))
+    (work / "finished.json").write_text(json.dumps({"step": logged,
+                                                     "at": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"}))
     metrics.write_parquet()
     warmup_s = first_row_s if first_row_s is not None else 0.0
     say(f"LumenRL logged steps {start_step + 1}-{logged}; its first step was in the log {warmup_s:.1f} s after "
