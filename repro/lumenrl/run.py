@@ -78,8 +78,9 @@ def prepare_config(recipe: Recipe, run_dir: Path, resume: bool) -> tuple[Path, l
     header += [f"Note: {note}" for note in lumenrl_config.config_notes(recipe)]
     path = lumenrl_config.write_config(written, run_dir / WORK / "config.yaml", "\n".join(header))
     command, env = launch.lumenrl_command(recipe, path), launch.lumenrl_env(recipe)
-    script = run_dir / WORK / "command.sh"
+    script = run_dir / WORK / ".command.sh.tmp"
     script.write_text(launch.command_script(command, env, launch.checkout_dir(recipe)))
+    script.replace(run_dir / WORK / "command.sh")
     return path, command, env
 
 
