@@ -153,10 +153,15 @@ def read_recipe(path: Path) -> Recipe:
 
 
 def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
-    """The frames of a run dir written by ``repro run`` (metrics.jsonl + recipe.yaml)."""
+    """The frames of a run dir written by ``repro run`` (metrics.jsonl + recipe.yaml), whichever engine ran it."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise MetricsError(f"{run_dir}: run directory not found")
     path = run_dir / METRICS_FILE
     recipe = read_recipe(run_dir / RECIPE_FILE)
-    return frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro")
+    about = {}
+    if recipe.engine == "lumenrl":  # rows streamed from LumenRL's log: its key origins and step-time convention
+        from repro.lumenrl.stream import streamed_about
+
+        about = streamed_about(run_dir)
+    return frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)

@@ -1,5 +1,8 @@
 """`repro launch --recipe NAME [--dry-run]`: place the groups on the recipe's Ray cluster and start the run.
 
+With ``engine: lumenrl`` in the recipe it starts AMD's LumenRL instead (repro.lumenrl): ``--dry-run`` then prints the
+config written from the recipe beside the published one, the environment and the command.
+
 ``--dry-run`` places both groups (so the cluster proves it can hold them), prints which node hosts each
 worker and bundle, each trainer rank's Megatron coordinates and the vLLM engine arguments, then releases the
 placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
@@ -59,6 +62,8 @@ def run(args) -> int:
     from repro.cluster.placement import plan_placement
 
     recipe = load_recipe(args.recipe, list(args.overrides))
+    if recipe.engine == "lumenrl":
+        return launch_lumenrl(args)
     if args.dry_run or args.simulate:
         if args.simulate:
             print(simulated_dry_run(recipe, timeout_s=args.placement_timeout))
@@ -84,6 +89,31 @@ def run(args) -> int:
             f"recipe {recipe.name} cannot be launched from here: {'; '.join(blockers)}. "
             "`repro launch --dry-run` still shows the placement and every worker's arguments"
         )
+    from repro.commands import run as run_command
+
+    run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
+                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet)
+    run_command.execute(run_args)
+    return 0
+
+
+def launch_lumenrl(args) -> int:
+    """engine lumenrl: the dry run prints the LumenRL config written from the recipe beside the published one, the
+    environment and the command; otherwise the run goes through ``repro run`` (the one entry point) to LumenRL."""
+    from pathlib import Path
+
+    from repro.lumenrl.launch import LumenRLError, checkout_problems
+    from repro.lumenrl.run import describe_launch
+
+    recipe = load_recipe(args.recipe, list(args.overrides), steps=args.steps)
+    run_dir = Path(args.run_dir or Path("runs") / recipe.name)
+    if args.dry_run or args.simulate:
+        print(describe_launch(recipe, run_dir))
+        return 0
+    problems = checkout_problems(recipe)
+    if problems:
+        raise LumenRLError(f"recipe {recipe.name} cannot start LumenRL from here: {'; '.join(problems)}. "
+                           "`repro launch --dry-run` still shows the config it would write")
     from repro.commands import run as run_command
 
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,

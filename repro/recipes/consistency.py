@@ -82,7 +82,16 @@ def algorithm_problems(recipe: "Recipe") -> list[str]:
     return problems
 
 
+def engine_problems(recipe: "Recipe") -> list[str]:
+    """What the chosen engine cannot run: LumenRL takes only what its config can express."""
+    if recipe.engine != "lumenrl":
+        return []
+    from repro.lumenrl.config import recipe_problems
+
+    return recipe_problems(recipe)
+
+
 def check_consistency(recipe: "Recipe") -> None:
-    problems = layout_problems(recipe) + resource_problems(recipe) + algorithm_problems(recipe)
+    problems = layout_problems(recipe) + resource_problems(recipe) + algorithm_problems(recipe) + engine_problems(recipe)
     if problems:
         raise ValueError("\n".join(problems))

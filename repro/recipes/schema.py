@@ -161,12 +161,28 @@ class WeightSyncConfig(Section):
     transport: Literal["rdma", "ray_object_store"] = Field("rdma", description="How updated weights reach the rollout (AMD: RDMA over RCCL).")
     bucket_mb: int = Field(2048, ge=1, description="Bucket size in MB for streaming named tensors.")
     quantize_on: Literal["rollout", "trainer"] = Field("rollout", description="Where BF16 becomes FP8 (AMD: on the rollout side).")
-    timeout_s: float = Field(1200.0, gt=0, description="Abort a sync that takes longer than this.")
+    timeout_s: float = Field(7200.0, gt=0, description="Abort a sync that takes longer than this (LumenRL's longrun file: 7200 s; its header comment still says 1200 s).")
+
+
+class LumenRLSettings(Section):
+    """Where AMD's LumenRL lives and the site settings its config needs; used when ``engine`` is lumenrl."""
+
+    path: str | None = Field(None, description="LumenRL checkout (Lumen-RL, branch dev/dsv4-grpo) on the Ray head; required for engine lumenrl (run_grpo_dsv4.sh: $RL_ROOT/Lumen-RL).")
+    lumen_path: str | None = Field(None, description="Lumen checkout put on PYTHONPATH beside LumenRL; null: $RL_ROOT/Lumen next to the checkout, else its third_party/Lumen.")
+    base_config: str = Field("examples/GRPO/configs/grpo_dsv4_flash_vllm_longrun.yaml", description="Published config the written one starts from (relative to path); every key the recipe determines is replaced.")
+    checkpoint_dir: str | None = Field(None, description="LumenRL's checkpointing.checkpoint_dir (global_step_N/), the same path on every trainer node; null: <run_dir>/checkpoints.")
+    actor_node_ips: str | None = Field(None, description="Comma-separated IPs that pin LumenRL's trainer workers (topology_tags.node_ips); null: unpinned (the published file pins AMD's machines).")
+    rollout_node_ips: str | None = Field(None, description="Comma-separated IPs that pin LumenRL's rollout workers; null: unpinned.")
+    wandb: bool = Field(False, description="Let LumenRL log to W&B as well (needs WANDB_API_KEY and your logger.wandb.* overrides); metrics.jsonl is written either way.")
+    overrides: list[str] = Field(default_factory=list, description="LumenRL 'dotted.key=value' overrides appended to its command line (e.g. weight_sync.rdma.interface=ens14np0).")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for LumenRL over run_grpo_dsv4.sh's (e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME for your NICs).")
+    ray_stop_first: bool = Field(False, description="Run `ray stop --force` on this node before starting, as run_grpo_dsv4.sh does unless LUMENRL_KEEP_RAY_CLUSTER=1; false keeps the cluster `ray start` built.")
 
 
 class Recipe(Section):
     name: str = Field(description="Recipe name, also the default run directory name.")
     description: str = Field("", description="One line on what this recipe reproduces.")
+    engine: Literal["repro", "lumenrl"] = Field("repro", description="Who runs the RL loop: repro's own loop (embedded on CPU; Megatron-core + vLLM on a cluster), or AMD's LumenRL from the checkout at lumenrl.path, with the config written from this recipe.")
     seed: int = Field(10086, description="Seed for data order, sampling and initialisation.")
     steps: int = Field(75, ge=1, description="Optimizer steps of the run.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the run is placed.")
@@ -183,6 +199,7 @@ class Recipe(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints and resume.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer-to-rollout weight sync.")
+    lumenrl: LumenRLSettings = Field(default_factory=LumenRLSettings, description="AMD's LumenRL as the engine (engine: lumenrl): checkout, site settings.")
 
     @property
     def trajectories_per_step(self) -> int:

@@ -1,5 +1,6 @@
 """The one entry point to a run: recipe, run directory, groups, progress sink. ``repro run``, ``repro smoke``,
-``repro launch`` and the notebooks 02/03 all call ``run_recipe``.
+``repro launch`` and the notebooks 02/03 all call ``run_recipe``. A recipe with ``engine: lumenrl`` is handed to
+``repro.lumenrl.run`` here (AMD's LumenRL runs the loop); everything below is the ``engine: repro`` path.
 
 It checks what can fail before any worker starts (the run directory, the data and model paths, a run that is
 already finished), starts the two groups -- in this process, or as Ray actors placed by the recipe's plan --
@@ -67,6 +68,10 @@ def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"]
     does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
     from repro.run.metrics_log import MetricsLog
 
+    if recipe.engine == "lumenrl":
+        from repro.lumenrl.run import plan_lumenrl_run
+
+        return plan_lumenrl_run(recipe, run_dir, resume, fresh)
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
@@ -95,6 +100,12 @@ def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
 def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
                 say: Callable[[str], None] = print) -> RunOutcome:
     """``run_recipe`` for a plan already made (a notebook shows it first, e.g. to seed its live plot)."""
+    if recipe.engine == "lumenrl":  # AMD's own engine: its process, its log streamed into ours (repro.lumenrl)
+        from repro.lumenrl.run import run_lumenrl
+
+        if in_process:
+            say("engine lumenrl: in_process does not apply (LumenRL runs as its own process on the Ray head)")
+        return run_lumenrl(recipe, plan, progress=progress, say=say)
     from repro.run.loop import train
     from repro.run.run_dir import check_inputs, open_run
 
