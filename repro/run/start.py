@@ -123,6 +123,7 @@ def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, prog
         warmup = time.perf_counter()
         trainer, rollout = in_process_groups(recipe, model_dir) if in_process else stack.enter_context(
             ray_groups(recipe, model_dir, run_dir))
+        stack.enter_context(terminate_as_exit())  # ray.init put its own SIGTERM handler (exit code 15) over ours
         trainer.ready()
         rollout.ready()
         warmup_s = time.perf_counter() - warmup
