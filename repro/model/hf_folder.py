@@ -11,14 +11,12 @@ pickle-based weight files (``*.bin``, ``*.pt``, ...): loading them runs arbitrar
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from repro.errors import CheckpointError
-from repro.model.tiny_release import replace_dir
+from repro.model.tiny_release import staged_folder
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_NEW_TOKENS = 12  # "Answer: 198" + EOS, the longest tiny-math response
@@ -39,10 +37,7 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
                                 extra_files=extra_files, max_new_tokens=MAX_NEW_TOKENS)
     from transformers import GenerationConfig
 
-    out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out_dir, extra_files) as tmp:
         model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
@@ -51,17 +46,7 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
         )
         model.float().save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        # mkdtemp makes a private (0700) folder; a shipped checkpoint should be readable like any other file.
-        tmp.chmod(0o755)
-        for file in tmp.iterdir():
-            file.chmod(0o644)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir).resolve()
 
 
 def check_safetensors_only(folder: str | Path) -> Path:

@@ -18,7 +18,9 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -131,15 +133,24 @@ def write_checkpoint(model, tokenizer, out_dir: str | Path, *, layout: str = lay
         mtp = mtp_layer(model.config, seed) if mtp_layers else None
         tensors = checkpoint_tensors(model.state_dict(), layout, dtype, mtp)
     config = config if config is not None else config_json(model.config, layout, dtype, mtp_layers)
-    out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out_dir, extra_files) as tmp:
         write_tensors(tmp, tensors, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+    return Path(out_dir).resolve()
+
+
+@contextmanager
+def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None) -> Iterator[Path]:
+    """A temp folder beside ``out_dir`` to write a checkpoint into; on success ``extra_files`` (name -> text) are
+    added and it is renamed onto ``out_dir``; on any failure it is removed and ``out_dir`` is left as it was."""
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         tmp.chmod(0o755)  # mkdtemp makes a private folder; a shipped checkpoint is read like any other file
@@ -149,7 +160,6 @@ def write_checkpoint(model, tokenizer, out_dir: str | Path, *, layout: str = lay
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def replace_dir(new: Path, final: Path) -> None:
