@@ -48,13 +48,17 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         for dtype_name in DTYPES:
             _run_rank(rank, dtype_name, out_dir)
+        # expert-like parameters replicated over a group of their own (as megatron's expert-data-parallel group)
+        experts = dist.new_group([0, 1])
+        _run_rank(rank, "float32", out_dir, tag="two-groups",
+                  group_of=lambda name: experts if name == "experts" else None)
     finally:
         dist.destroy_process_group()
 
 
-def _run_rank(rank: int, dtype_name: str, out_dir: str) -> None:
+def _run_rank(rank: int, dtype_name: str, out_dir: str, tag: str = "", group_of=None) -> None:
     model = build_model(getattr(torch, dtype_name))
-    opt = ShardedMasterAdamW(model, OPTIM)
+    opt = ShardedMasterAdamW(model, OPTIM, group_of=group_of)
     norms = []
     for step in range(STEPS):
         set_gradients(model, step)
@@ -66,7 +70,7 @@ def _run_rank(rank: int, dtype_name: str, out_dir: str) -> None:
     weights = {f"{name}.weight": p.detach() for name, p in model.named_parameters()}
     save_file({**weights, **moments, **masters, "norms": torch.tensor(norms, dtype=torch.float64),
                "state_bytes": torch.tensor([opt.state_bytes()])},
-              os.path.join(out_dir, f"{dtype_name}-rank{rank}.safetensors"))
+              os.path.join(out_dir, f"{tag or dtype_name}-rank{rank}.safetensors"))
 
 
 def _free_port() -> int:
@@ -128,3 +132,17 @@ def test_two_gloo_ranks_match_the_unsharded_update_bit_for_bit(two_rank_results,
     owned = [sum(s for s, o in zip(sizes, owners) if o == r) for r in range(2)]
     assert [int(r["state_bytes"]) for r in ranks] == [per_param * n for n in owned]
     assert sum(owned) == sum(sizes) == 333 + 81 + 468 + 9 + 333
+
+
+def test_parameters_replicated_over_another_group_are_sharded_within_it(two_rank_results):
+    ranks = [load_file(two_rank_results / f"two-groups-rank{r}.safetensors") for r in range(2)]
+    model, opt, norms = unsharded(torch.float32)
+    for got in ranks:
+        for name, p in model.named_parameters():
+            assert torch.equal(got[f"{name}.weight"], p.detach()), name
+    # "experts" alone in its group: rank 0 owns it; the other four split over the default group by size
+    owned = [{key.rsplit(".", 1)[0] for key in r if key.endswith(".exp_avg")} for r in ranks]
+    others = [n for n in SHAPES if n != "experts"]
+    split = partition_by_size([model.get_parameter(n).numel() for n in others], 2)
+    assert owned[0] == {"experts"} | {n for n, r in zip(others, split) if r == 0}
+    assert owned[1] == {n for n, r in zip(others, split) if r == 1}

@@ -50,17 +50,30 @@ class ShardedMasterAdamW:
         optim: the recipe's optimizer section.
         group: the data-parallel process group (None: the default group).
         offload: hold masters and moments in host memory (``cpu``) whatever device the model is on.
+        group_of: ``name -> process group`` when parameters replicate over different groups (Megatron: expert
+            parameters over the expert-data-parallel group, the rest over the data-parallel one); default ``group``.
+            Each group's members must hold the same parameters in the same order (one pipeline stage).
     """
 
     def __init__(self, model: torch.nn.Module, optim: OptimConfig, group: dist.ProcessGroup | None = None,
-                 offload: bool = False):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
+                 offload: bool = False, group_of=None):
         self.names = [name for name, _ in model.named_parameters()]
         self.model_params = [p for _, p in model.named_parameters()]
-        self.owner = partition_by_size([p.numel() for p in self.model_params], self.world)
-        self.owned = [i for i, rank in enumerate(self.owner) if rank == self.rank]
+        groups = [group_of(name) if group_of else group for name in self.names]
+        # the distinct groups in first-use order: every member of a group calls its all-gather in the same order
+        self.groups: list[tuple[dist.ProcessGroup | None, list[int]]] = []
+        for index, g in enumerate(groups):
+            slot = next((ids for known, ids in self.groups if known is g), None)
+            if slot is None:
+                self.groups.append((g, [index]))
+            else:
+                slot.append(index)
+        self.owner = [0] * len(self.names)  # each parameter's owner, a rank of its own group
+        for g, ids in self.groups:
+            for index, rank in zip(ids, partition_by_size([self.model_params[i].numel() for i in ids],
+                                                          dist.get_world_size(g))):
+                self.owner[index] = rank
+        self.owned = [i for i, g in enumerate(groups) if self.owner[i] == dist.get_rank(g)]
         self.owned_names = [self.names[i] for i in self.owned]
         state_device = torch.device("cpu") if offload else None
         self.shares_storage = all(p.dtype == torch.float32 and (state_device is None or p.device == state_device)
@@ -124,29 +137,35 @@ class ShardedMasterAdamW:
         return norm
 
     def _all_gather_parameters(self) -> None:
-        """Every rank sends the bytes of the parameters it owns; each rank writes the others' into its model.
+        for group, ids in self.groups:
+            self._all_gather(group, ids)
+
+    def _all_gather(self, group: dist.ProcessGroup | None, ids: list[int]) -> None:
+        """Every rank of ``group`` sends the bytes of the parameters (of ``ids``) it owns; each writes the others'.
 
         Raw bytes (a ``uint8`` view) travel, so any dtype goes through gloo unchanged; shards are padded to the
         largest one because ``all_gather`` needs equal sizes."""
-        if self.world == 1:
+        world, me = dist.get_world_size(group), dist.get_rank(group)
+        if world == 1:
             return
-        by_rank = [[i for i, r in enumerate(self.owner) if r == rank] for rank in range(self.world)]
-        nbytes = [sum(self.model_params[i].numel() * self.model_params[i].element_size() for i in ids) for ids in by_rank]
+        by_rank = [[i for i in ids if self.owner[i] == rank] for rank in range(world)]
+        nbytes = [sum(self.model_params[i].numel() * self.model_params[i].element_size() for i in part)
+                  for part in by_rank]
         width = max(nbytes)
         device = self.model_params[0].device
         mine = torch.zeros(width, dtype=torch.uint8, device=device)
         offset = 0
-        for i in by_rank[self.rank]:
+        for i in by_rank[me]:
             flat = _bytes(self.model_params[i])
             mine[offset:offset + flat.numel()] = flat
             offset += flat.numel()
-        gathered = [torch.empty(width, dtype=torch.uint8, device=device) for _ in range(self.world)]
-        dist.all_gather(gathered, mine, group=self.group)
-        for rank, ids in enumerate(by_rank):
-            if rank == self.rank:
+        gathered = [torch.empty(width, dtype=torch.uint8, device=device) for _ in range(world)]
+        dist.all_gather(gathered, mine, group=group)
+        for rank, part in enumerate(by_rank):
+            if rank == me:
                 continue
             offset = 0
-            for i in ids:
+            for i in part:
                 target = _bytes(self.model_params[i])
                 target.copy_(gathered[rank][offset:offset + target.numel()])
                 offset += target.numel()
