@@ -214,29 +214,36 @@ def _device_fix(recipe: "Recipe", part: str) -> str:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def format_budget(recipe: "Recipe", budget: MemoryBudget) -> str:
     """The budget as a table: one column per pipeline stage (GB per rank), then each node's host RAM."""
     parts = list(dict.fromkeys(k for s in budget.stages for k in (*s.device, *s.host)))
-    head = f"{'GB per trainer rank (estimate)':<34}" + "".join(f"{f'stage {s.stage} ({s.layers} L)':>16}" for s in budget.stages)
+    largest = max([s.device_total for s in budget.stages] + [s.host_total for s in budget.stages])
+    unit, scale = ("GB", 1e9) if largest >= 1e9 else ("MB", 1e6)  # a tiny model's budget in readable numbers
+    head = f"{unit + ' per trainer rank (estimate)':<34}" + "".join(f"{f'stage {s.stage} ({s.layers} L)':>16}" for s in budget.stages)
     lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; assumptions in repro/cluster/memory_budget.py",
-             head, f"{'parameters held (billions)':<34}" + "".join(f"{s.parameters / 1e9:>16.2f}" for s in budget.stages)]
+             head, f"{'parameters held (millions)':<34}" + "".join(f"{s.parameters / 1e6:>16,.1f}" for s in budget.stages)]
     for place, attr in (("device", "device"), ("host", "host")):
         if not any(getattr(s, attr) for s in budget.stages):
             continue
         for part in parts:
             if any(part in getattr(s, attr) for s in budget.stages):
-                lines.append(f"{place + ' ' + part:<34}" + "".join(f"{getattr(s, attr).get(part, 0) / 1e9:>16.1f}"
+                lines.append(f"{place + ' ' + part:<34}" + "".join(f"{getattr(s, attr).get(part, 0) / scale:>16,.1f}"
                                                                   for s in budget.stages))
         total = [sum(getattr(s, attr).values()) for s in budget.stages]
         capacity = budget.device_capacity if attr == "device" else None
-        lines.append(f"{place + ' total':<34}" + "".join(f"{t / 1e9:>16.1f}" for t in total)
+        lines.append(f"{place + ' total':<34}" + "".join(f"{t / scale:>16,.1f}" for t in total)
                      + (f"   of {_gb(capacity)} per device" if capacity else ""))
     host = ", ".join(_gb(n) for n in budget.node_host)
     capacity = f"of {_gb(budget.host_capacity)} per node" if budget.host_capacity else "host RAM unknown: set cluster.host_memory_gb"
     lines.append(f"host RAM per trainer node: {host} ({capacity})")
-    lines += [f"DOES NOT FIT: {p}" for p in budget.problems] or ["fits: every rank within its device, every node within its host RAM"
-                                                                  if budget.host_capacity else "fits on the devices"]
+    if budget.problems:
+        lines += [f"DOES NOT FIT: {p}" for p in budget.problems]
+    elif budget.device_capacity is None:
+        lines.append("CPU mode: every part lives in host memory (`repro check` compares it with this host's RAM)")
+    else:
+        lines.append("fits: every rank within its device" + (", every node within its host RAM" if budget.host_capacity
+                                                             else "; host RAM not judged"))
     return "\n".join(lines)
