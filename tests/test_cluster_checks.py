@@ -33,7 +33,7 @@ def amd_cluster_facts(**changes) -> Facts:
         lumenrl_path="/workspace/Lumen-RL", lumenrl_commit="b039ba2966b70e234484d6c3086e052f1227c7e1",
         rdma_devices=["rdma0", "rdma1"], rdma_source="/sys/class/infiniband",
         nccl_env={"NCCL_IB_HCA": "rdma0,rdma1", "NCCL_SOCKET_IFNAME": "eth0"},
-        disk_path="/shared/runs", disk_free_bytes=20 * TB, host_ram_bytes=3 * TB,
+        disk_path="/shared/runs", disk_free_bytes=20 * TB, host_ram_bytes=3 * TB, device_memory_bytes=192 * 10**9,
         shm_total_bytes=1 * TB, shm_free_bytes=900 * 10**9, model_staged=True,
     )
     for key, value in changes.items():
@@ -232,8 +232,12 @@ def test_disk_for_checkpoints():
 
 
 def test_host_ram_for_the_offloaded_optimizer():
+    from repro.cluster.memory_budget import memory_budget
+
     per_node = C.optimizer_bytes_per_node(AMD)
-    assert per_node == 284_000_000_000 * 12 // 2  # 1.7 TB on each of the 2 trainer nodes
+    # the dry run's budget: trainer node 0 holds stages 0 and 1 (4 ranks each), 16 host bytes per owned parameter
+    assert per_node == max(memory_budget(AMD).node_host) == memory_budget(AMD).node_host[0]
+    assert 2.3e12 < per_node < 2.35e12
     assert C.check_host_ram(AMD, amd_cluster_facts(host_ram_bytes=per_node - 1)).status == FAIL
     assert C.check_host_ram(AMD, amd_cluster_facts(host_ram_bytes=int(per_node / 0.9))).status == WARN
     assert C.check_host_ram(AMD, amd_cluster_facts(host_ram_bytes=3 * TB)).status == PASS

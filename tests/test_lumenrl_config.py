@@ -43,7 +43,7 @@ def differences(settings: dict, published: dict) -> dict:
 
 def test_amd_recipe_writes_the_published_longrun_values_key_by_key():
     settings = recipe_settings(load_recipe(AMD, ON_LUMENRL))
-    assert len(settings) == 74
+    assert len(settings) == 77  # + uneven pipeline stages and the offload fraction (issue 16)
     assert differences(settings, LONGRUN_2232F554) == {**POST_WINS, **SITE_PATHS}
 
 
@@ -104,8 +104,11 @@ def test_other_recipe_values_map_to_lumenrls_words():
                                             "eval.every_steps=30", "weight_sync.quantize_on=trainer",
                                             "weight_sync.timeout_s=90.5", "rollout_correction.mode=sequence",
                                             "actor.num_workers=12", "actor.tensor_parallel=2", "actor.expert_parallel=2",
-                                            "actor.pipeline_parallel=2"])
+                                            "actor.pipeline_parallel=2", "actor.num_layers_in_first_pipeline_stage=22",
+                                            "actor.num_layers_in_last_pipeline_stage=21"])
     s = recipe_settings(recipe)
+    assert (s["policy.training.megatron_cfg.num_layers_in_first_pipeline_stage"],
+            s["policy.training.megatron_cfg.num_layers_in_last_pipeline_stage"]) == (22, 21)
     assert s["policy.generation.vllm_cfg.quantization"] == "" and s["quantization.rollout.precision"] == "bf16"
     assert s["weight_sync.fp8_quantization_location"] is None  # LumenRL accepts a location only for fp8_per_block
     assert s["policy.training.megatron_cfg.recompute_granularity"] is None

@@ -142,6 +142,7 @@ def _accelerator_facts(facts: Facts) -> None:
         facts.device_count = count
         props = torch.cuda.get_device_properties(0)
         facts.device_name = props.name
+        facts.device_memory_bytes = int(props.total_memory)
         if hip:
             arch = getattr(props, "gcnArchName", "") or ""
             if arch:

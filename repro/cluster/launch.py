@@ -172,7 +172,8 @@ def unplaced_rows(plan: PlacementPlan) -> list[PlacementRow]:
 
 
 def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRow]) -> str:
-    """Which node hosts each worker and bundle, each trainer rank's Megatron coordinates, the vLLM arguments."""
+    """Which node hosts each worker and bundle, each trainer rank's Megatron coordinates, the vLLM arguments, and
+    the trainer's memory budget per rank."""
     sizes = recipe_sizes(recipe)
     by_group = {g.name: g for g in plan.groups}
     node_letters: dict[str, str] = {}
@@ -206,7 +207,15 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
         lines.append(head)
     lines += ["", f"every trainer rank: world_size {sizes.world}, MASTER_ADDR {master}, MASTER_PORT {MASTER_PORT}"]
     lines += format_arguments(backend_arguments(recipe))
+    lines.append(format_memory_budget(recipe))
     return "\n".join(lines)
+
+
+def format_memory_budget(recipe: "Recipe") -> str:
+    """Each trainer rank's memory against the recipe's device and host capacities (repro.cluster.memory_budget)."""
+    from repro.cluster.memory_budget import format_budget, memory_budget
+
+    return format_budget(recipe, memory_budget(recipe))
 
 
 def dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> tuple[str, list[PlacementRow]]:

@@ -28,7 +28,6 @@ NCCL_VARS = (
     "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_IB_DISABLE",
     "NCCL_DEBUG", "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME", "RCCL_MSCCL_ENABLE", "HSA_FORCE_FINE_GRAIN_PCIE",
 )
-OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master (4) + Adam m (4) + Adam v (4)
 RAM_WARN_FRACTION = 0.8  # above this share of host RAM the offloaded optimizer leaves too little for the rest
 DISK_WARN_MARGIN = 1.1
 
@@ -63,6 +62,7 @@ class Facts:
     disk_path: str = "."
     disk_free_bytes: int | None = None
     host_ram_bytes: int | None = None
+    device_memory_bytes: int | None = None  # memory of this node's first accelerator (torch's total_memory)
     shm_total_bytes: int | None = None
     shm_free_bytes: int | None = None
     ray_local_deferred: bool = False  # ray_address null: not started by the check (the run starts its own)
@@ -285,8 +285,11 @@ def check_disk(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 
 def optimizer_bytes_per_node(recipe: "Recipe") -> int:
-    """Host RAM one trainer node needs for the CPU-offloaded optimizer (fp32 master + Adam m, v)."""
-    return recipe.model.num_parameters * OPTIMIZER_BYTES_PER_PARAM // recipe.actor.nodes
+    """Host RAM the busiest trainer node needs for its ranks' CPU-offloaded optimizer state: the number
+    `repro launch --dry-run` prints (``repro.cluster.memory_budget``)."""
+    from repro.cluster.memory_budget import memory_budget
+
+    return max(memory_budget(recipe).node_host)
 
 
 def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
@@ -295,9 +298,11 @@ def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
 
         need, what = checkpoint_bytes(recipe), "for the trainer's weights and optimizer state (CPU mode: they live in host RAM)"
     elif recipe.actor.optimizer_cpu_offload:
+        from repro.cluster.memory_budget import optimizer_bytes
+
         need = optimizer_bytes_per_node(recipe)
-        what = (f"per trainer node for the CPU-offloaded optimizer ({OPTIMIZER_BYTES_PER_PARAM} bytes/param x "
-                f"{recipe.model.num_parameters:,} / {recipe.actor.nodes} nodes)")
+        what = (f"on the busiest trainer node for its ranks' CPU-offloaded optimizer state "
+                f"({optimizer_bytes(recipe).holder}; `repro launch --dry-run` shows the budget)")
     else:
         return CheckResult("host_ram", SKIP, "actor.optimizer_cpu_offload is off: the optimizer stays on the GPUs")
     if facts.host_ram_bytes is None:
@@ -311,6 +316,26 @@ def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
         return CheckResult("host_ram", WARN, detail + f" (> {RAM_WARN_FRACTION:.0%})",
                            "little room is left for data loading, Ray's object store and the page cache")
     return CheckResult("host_ram", PASS, detail)
+
+
+def check_device_memory(recipe: "Recipe", facts: Facts) -> CheckResult:
+    """The busiest trainer rank's memory budget against this node's accelerator memory (the dry run's numbers)."""
+    if cpu_mode(recipe):
+        return _skip("device_memory")
+    from repro.cluster.memory_budget import memory_budget
+
+    measured = facts.device_memory_bytes
+    budget = memory_budget(recipe, device_bytes=measured)
+    worst = budget.busiest
+    source = "measured on this node" if measured else "cluster.device_memory_gb: no accelerator seen here"
+    detail = (f"busiest trainer rank (pipeline stage {worst.stage}) needs ~{_gb(worst.device_total)} of "
+              f"{_gb(budget.device_capacity)} per device ({source})")
+    device_problems = [p for p in budget.problems if p.startswith("device:")]
+    if device_problems:
+        return CheckResult("device_memory", FAIL, detail, device_problems[0].split(": ", 1)[1])
+    if measured is None:
+        return CheckResult("device_memory", WARN, detail, "run `repro check` on a trainer node")
+    return CheckResult("device_memory", PASS, detail)
 
 
 def shm_need_bytes(recipe: "Recipe", model_staged: bool) -> tuple[int, str]:
@@ -357,7 +382,7 @@ from repro.cluster.readiness_versions import (  # noqa: E402,F401
 
 CHECKS: tuple[Check, ...] = (
     check_ray, check_gpu_count, check_nodes, check_accelerator, check_fp8_format, *VERSION_CHECKS,
-    check_rdma, check_nccl_env, check_disk, check_host_ram, check_shm,
+    check_rdma, check_nccl_env, check_disk, check_device_memory, check_host_ram, check_shm,
 )
 
 # How results are shown and saved lives in repro.cluster.readiness_report; re-exported for `checks.summary_line` etc.

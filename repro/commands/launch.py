@@ -4,8 +4,8 @@ With ``engine: lumenrl`` in the recipe it starts AMD's LumenRL instead (repro.lu
 config written from the recipe beside the published one, the environment and the command.
 
 ``--dry-run`` places both groups (so the cluster proves it can hold them), prints which node hosts each
-worker and bundle, each trainer rank's Megatron coordinates and the vLLM engine arguments, then releases the
-placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
+worker and bundle, each trainer rank's Megatron coordinates, the vLLM engine arguments and the trainer's memory
+budget per rank (repro.cluster.memory_budget), then releases the placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
 
 Without ``--dry-run`` it refuses, naming each, when a worker library (megatron-core, vLLM) is not importable or
 ``actor.model_provider`` is unset; otherwise it hands over to ``repro run`` (``repro.commands.run.execute``),
@@ -99,7 +99,8 @@ def run(args) -> int:
 
 def launch_lumenrl(args) -> int:
     """engine lumenrl: the dry run prints the LumenRL config written from the recipe beside the published one, the
-    environment and the command; otherwise the run goes through ``repro run`` (the one entry point) to LumenRL."""
+    environment, the command and the trainer's memory budget; otherwise the run goes through ``repro run`` (the one
+    entry point) to LumenRL."""
     from pathlib import Path
 
     from repro.lumenrl.launch import LumenRLError, checkout_problems
@@ -108,7 +109,10 @@ def launch_lumenrl(args) -> int:
     recipe = load_recipe(args.recipe, list(args.overrides), steps=args.steps)
     run_dir = Path(args.run_dir or Path("runs") / recipe.name)
     if args.dry_run or args.simulate:
+        from repro.cluster.launch import format_memory_budget
+
         print(describe_launch(recipe, run_dir))
+        print(format_memory_budget(recipe))
         return 0
     problems = checkout_problems(recipe)
     if problems:

@@ -28,11 +28,61 @@ def layout_problems(recipe: "Recipe") -> list[str]:
         )
     if model.num_routed_experts % ep:
         problems.append(f"actor.expert_parallel: EP={ep} does not divide model.num_routed_experts={model.num_routed_experts}")
+    problems += pipeline_split_problems(recipe)
+    if model.num_expert_parameters >= model.num_parameters:
+        problems.append(f"model.num_expert_parameters: {model.num_expert_parameters:,} is not below "
+                        f"model.num_parameters={model.num_parameters:,}")
     if model.num_experts_per_tok > model.num_routed_experts:
         problems.append(
             f"model.num_experts_per_tok: top-{model.num_experts_per_tok} exceeds model.num_routed_experts={model.num_routed_experts}"
         )
     return problems
+
+
+def pipeline_stage_layers(num_layers: int, stages: int, first: int | None, last: int | None) -> list[int]:
+    """Layers per pipeline stage, megatron-core's rule (``TransformerConfig.__post_init__``, "Uneven PP"): the
+    first/last stage take what is given, the middle stages share the rest evenly; with neither given every stage
+    takes num_layers / stages. Raises ValueError naming the field when the split is impossible."""
+    if stages == 1:
+        if first is not None or last is not None:
+            raise ValueError("actor.num_layers_in_first_pipeline_stage / _last_: set only with actor.pipeline_parallel > 1")
+        return [num_layers]
+    if first is None and last is None:
+        if num_layers % stages:
+            raise ValueError(f"actor.pipeline_parallel: {num_layers} layers (model.num_layers) do not split evenly "
+                             f"over {stages} stages; set actor.num_layers_in_first_pipeline_stage / _last_")
+        return [num_layers // stages] * stages
+    middle_stages = stages - (first is not None) - (last is not None)
+    middle_layers = num_layers - (first or 0) - (last or 0)
+    if middle_layers < 0 or bool(middle_layers) != bool(middle_stages) or (middle_stages and middle_layers % middle_stages):
+        raise ValueError(
+            f"actor.num_layers_in_first_pipeline_stage={first}, actor.num_layers_in_last_pipeline_stage={last}: the "
+            f"remaining {middle_layers} of model.num_layers={num_layers} do not split evenly over {middle_stages} "
+            f"middle stage(s) of actor.pipeline_parallel={stages}")
+    middle = [middle_layers // middle_stages] * middle_stages if middle_stages else []
+    return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
+
+
+def pipeline_split_problems(recipe: "Recipe") -> list[str]:
+    actor = recipe.actor
+    try:
+        pipeline_stage_layers(recipe.model.num_layers, actor.pipeline_parallel,
+                              actor.num_layers_in_first_pipeline_stage, actor.num_layers_in_last_pipeline_stage)
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
+def optimizer_problems(recipe: "Recipe") -> list[str]:
+    """What the chosen trainer's optimizer cannot hold: the embedded AdamW (torch's) keeps fp32 moments."""
+    actor = recipe.actor
+    if actor.backend == "embedded" and actor.optimizer_moment_dtype != "fp32":
+        return [f"actor.optimizer_moment_dtype: {actor.optimizer_moment_dtype!r} needs the Megatron backend; the "
+                "embedded trainer's AdamW keeps fp32 moments (set fp32)"]
+    if actor.backend == "megatron" and actor.optimizer_moment_dtype != "fp32" and actor.num_workers == 1:
+        return [f"actor.optimizer_moment_dtype: {actor.optimizer_moment_dtype!r} needs megatron's distributed "
+                "optimizer (precision-aware), which one trainer worker does not build (set fp32)"]
+    return []
 
 
 def resource_problems(recipe: "Recipe") -> list[str]:
@@ -92,6 +142,7 @@ def engine_problems(recipe: "Recipe") -> list[str]:
 
 
 def check_consistency(recipe: "Recipe") -> None:
-    problems = layout_problems(recipe) + resource_problems(recipe) + algorithm_problems(recipe) + engine_problems(recipe)
+    problems = (layout_problems(recipe) + resource_problems(recipe) + algorithm_problems(recipe)
+                + optimizer_problems(recipe) + engine_problems(recipe))
     if problems:
         raise ValueError("\n".join(problems))

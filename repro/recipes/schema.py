@@ -34,6 +34,8 @@ class ClusterConfig(Section):
     num_nodes: int = Field(3, ge=1, description="Ray nodes the run spans (AMD: 3 servers).")
     gpus_per_node: int = Field(8, ge=0, description="Accelerators per node; 0 means CPU mode (the tiny recipe).")
     accelerator: Literal["rocm", "cuda", "cpu"] = Field("rocm", description="Accelerator the recipe expects (AMD: ROCm 7.2, MI308X gfx942).")
+    device_memory_gb: float = Field(192.0, gt=0, description="Memory of one accelerator in GB (MI308X: 192 GB HBM3); the dry run's memory budget judges each trainer rank against it.")
+    host_memory_gb: float | None = Field(None, gt=0, description="Host RAM of one node in GB, for the dry run's budget of the offloaded optimizer; null: unknown (AMD does not state it; `repro check` measures it).")
     ray_address: str | None = Field("auto", description="Ray cluster to join; 'auto' finds a running one, null starts a local instance.")
     versions: ClusterVersions = Field(default_factory=ClusterVersions, description="Software the cluster runs; `repro check` compares against it.")
 
@@ -45,6 +47,11 @@ class ModelConfig(Section):
     num_active_parameters: int = Field(13_000_000_000, ge=1, description="Parameters active per token (MoE), for FLOP estimates.")
     num_routed_experts: int = Field(256, ge=1, description="Routed experts per MoE layer; expert parallelism must divide it.")
     num_experts_per_tok: int = Field(6, ge=1, description="Experts each token is routed to (top-k).")
+    num_layers: int = Field(43, ge=1, description="Transformer layers the trainer holds and pipeline stages split (DeepSeek-V4-Flash: 43; its MTP layer is not trained).")
+    hidden_size: int = Field(4096, ge=1, description="Hidden width (Flash: 4096); sizes the activations in the memory budget.")
+    vocab_size: int = Field(129280, ge=1, description="Vocabulary rows of the embedding and output layer (Flash: 129,280); sizes the logits in the memory budget.")
+    residual_streams: int = Field(4, ge=1, description="Copies of the hidden state carried between layers (Flash's hyper-connections: hc_mult 4; 1 for a plain transformer); sizes the activations kept under recompute.")
+    num_expert_parameters: int = Field(277_025_390_592, ge=0, description="Parameters in routed experts, all layers (Flash: 256 x 3 x 4096 x 2048 x 43, counted on transformers' DeepseekV4Config); sharded by EP x ETP, the rest by TP.")
 
 
 class ActorConfig(Section):
@@ -59,6 +66,10 @@ class ActorConfig(Section):
     recompute: Literal["full", "none"] = Field("full", description="Activation recomputation granularity.")
     dtype: Literal["bf16", "fp32"] = Field("bf16", description="Trainer compute dtype; the rollout differs from it by FP8 quantisation.")
     optimizer_cpu_offload: bool = Field(True, description="Keep optimizer state in host memory (AMD: offloaded to CPU).")
+    optimizer_offload_fraction: float = Field(1.0, ge=0, le=1, description="Share of the optimizer state held and stepped in host memory when optimizer_cpu_offload is on (megatron optimizer_offload_fraction; LumenRL's DSV4 config: 1.0).")
+    optimizer_moment_dtype: Literal["fp32", "bf16"] = Field("bf16", description="dtype of Adam's two moments (LumenRL's DSV4 config: bf16; megatron exp_avg_dtype/exp_avg_sq_dtype); the embedded AdamW keeps fp32.")
+    num_layers_in_first_pipeline_stage: int | None = Field(11, ge=1, description="Layers on the first pipeline stage; null: an even split (LumenRL splits Flash's 43 layers 11/11/11/10).")
+    num_layers_in_last_pipeline_stage: int | None = Field(10, ge=1, description="Layers on the last pipeline stage; null: an even split. The middle stages share the rest evenly.")
     max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
     model_provider: str | None = Field(None, description="Megatron backend: 'package.module:function' building a rank's model (None: must be set to launch; docs/megatron-dsv4.md).")
 

@@ -118,7 +118,8 @@ def load_trainer(trainer, directory: str | Path, *, backend: str = "embedded", l
         if not master_path.is_file():
             raise TrainerError(f"{master_path} is missing (a {trainer.dtype_name} trainer keeps fp32 masters)")
         master = load_file(master_path)
-        absent = sorted(set(trainer.opt.names) - set(master))
+        # a ZeRO-1 rank keeps (and saved) the masters of the parameters it owns only
+        absent = sorted(set(getattr(trainer.opt, "owned_names", trainer.opt.names)) - set(master))
         if absent:
             raise TrainerError(f"{master_path} lacks {absent[:3]}{'...' if len(absent) > 3 else ''}")
         trainer.opt.load_master_state(master)

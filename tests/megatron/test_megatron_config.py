@@ -33,6 +33,25 @@ def test_amd_recipe_maps_to_tp4_pp4_ep4_etp1_sp_full_recompute_distributed_offlo
     assert o["use_distributed_optimizer"] is True and layout["ddp"]["use_distributed_optimizer"] is True
     assert o["optimizer_cpu_offload"] is True and o["optimizer_offload_fraction"] == 1.0
     assert o["bf16"] is True
+    # LumenRL's DSV4 config: BF16 moments (precision-aware path) and Flash's 43 layers as 11/11/11/10
+    assert o["exp_avg_dtype"] is torch.bfloat16 and o["exp_avg_sq_dtype"] is torch.bfloat16
+    assert o["use_precision_aware_optimizer"] is True
+    assert (t["num_layers_in_first_pipeline_stage"], t["num_layers_in_last_pipeline_stage"]) == (11, 10)
+
+
+def test_offload_fraction_and_moment_dtype_follow_the_recipe():
+    half = megatron_layout(load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_offload_fraction=0.5"]))["optimizer"]
+    assert half["optimizer_offload_fraction"] == 0.5
+    kept = megatron_layout(load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_cpu_offload=false",
+                                                                  "actor.optimizer_moment_dtype=fp32"]))["optimizer"]
+    assert kept["optimizer_offload_fraction"] == 0.0 and kept["exp_avg_dtype"] is torch.float32
+    assert kept["use_precision_aware_optimizer"] is False  # fp32 moments on the device: megatron's plain path
+    bf16_on_device = megatron_layout(load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_cpu_offload=false"]))
+    assert bf16_on_device["optimizer"]["use_precision_aware_optimizer"] is True
+    even = megatron_layout(load_recipe("amd-dsv4-flash-mi308x", ["actor.num_layers_in_first_pipeline_stage=null",
+                                                                  "actor.num_layers_in_last_pipeline_stage=null",
+                                                                  "model.num_layers=44"]))["transformer"]
+    assert even["num_layers_in_first_pipeline_stage"] is None and even["num_layers_in_last_pipeline_stage"] is None
 
 
 def test_cpu_recipe_maps_to_everything_one_and_off():
@@ -42,24 +61,37 @@ def test_cpu_recipe_maps_to_everything_one_and_off():
     assert t["sequence_parallel"] is False and t["recompute_granularity"] is None
     assert t["bf16"] is False and t["moe_token_dispatcher_type"] == "allgather"
     assert o["use_distributed_optimizer"] is False and o["optimizer_cpu_offload"] is False
+    assert o["exp_avg_dtype"] is torch.float32 and t["num_layers_in_first_pipeline_stage"] is None
 
 
-def test_megatron_accepts_the_mapped_configs():
+def test_megatron_accepts_the_mapped_configs(monkeypatch):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this")
     from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer import OptimizerConfig, optimizer_config
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    layout = megatron_layout(load_recipe("amd-dsv4-flash-mi308x"))
-    # architecture placeholders: TransformerConfig validates the parallel fields against them (no process group)
-    config = TransformerConfig(num_layers=8, hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=64,
-                               add_bias_linear=False, **layout["transformer"])
+    recipe = load_recipe("amd-dsv4-flash-mi308x")
+    layout = megatron_layout(recipe)
+    # architecture placeholders but the recipe's 43 layers: TransformerConfig checks the 11/11/11/10 split against
+    # them with megatron's own uneven-pipeline rules (no process group)
+    config = TransformerConfig(num_layers=recipe.model.num_layers, hidden_size=256, num_attention_heads=8,
+                               moe_ffn_hidden_size=64, add_bias_linear=False, **layout["transformer"])
     assert config.sequence_parallel and config.recompute_granularity == "full"
-    settings = dict(layout["optimizer"])
-    assert settings["use_precision_aware_optimizer"] is True
+    assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (11, 10)
+    with pytest.raises(ValueError, match="middle"):  # megatron refuses a split the recipe check also refuses
+        TransformerConfig(num_layers=44, hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=64,
+                          add_bias_linear=False, **layout["transformer"])
     if importlib.util.find_spec("transformer_engine") is None:
-        # OptimizerConfig asks Transformer Engine's version on the precision-aware path; TE is a GPU-only install
-        settings["use_precision_aware_optimizer"] = False
-    optimizer = OptimizerConfig(**settings)
+        # Stand-in for Transformer Engine's version answer only: OptimizerConfig asks TE's version on the precision-
+        # aware path (BF16 moments need it) and TE is a GPU-only install. With CPU offload it returns before
+        # importing TE's FusedAdam, so every other check below is megatron's own.
+        monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda version, check_equality=True: True)
+    optimizer = OptimizerConfig(**layout["optimizer"])
     assert optimizer.use_distributed_optimizer and optimizer.optimizer_cpu_offload
+    assert optimizer.use_precision_aware_optimizer and optimizer.optimizer_offload_fraction == 1.0
+    assert optimizer.exp_avg_dtype is torch.bfloat16 and optimizer.exp_avg_sq_dtype is torch.bfloat16
+    assert (optimizer.lr, optimizer.adam_beta2, optimizer.weight_decay) == (1e-6, 0.98, 0.1)
     assert DistributedDataParallelConfig(**layout["ddp"]).use_distributed_optimizer
+    # the same moments without the precision-aware path are refused by megatron itself
+    with pytest.raises(AssertionError, match="exp_avg_dtype"):
+        OptimizerConfig(**{**layout["optimizer"], "use_precision_aware_optimizer": False})

@@ -28,6 +28,8 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "context_parallel_size": 1,
     }
     full = actor.recompute == "full"
+    uneven = actor.pipeline_parallel > 1
+    moments = torch.bfloat16 if actor.optimizer_moment_dtype == "bf16" else torch.float32
     transformer = {
         "tensor_model_parallel_size": actor.tensor_parallel,
         "pipeline_model_parallel_size": actor.pipeline_parallel,
@@ -42,6 +44,9 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "params_dtype": torch.bfloat16 if bf16 else torch.float32,
         # activations sent between pipeline stages (megatron requires it once PP > 1)
         "pipeline_dtype": (torch.bfloat16 if bf16 else torch.float32) if actor.pipeline_parallel > 1 else None,
+        # uneven stages (LumenRL: Flash's 43 layers as 11/11/11/10); validated by repro.recipes.consistency
+        "num_layers_in_first_pipeline_stage": actor.num_layers_in_first_pipeline_stage if uneven else None,
+        "num_layers_in_last_pipeline_stage": actor.num_layers_in_last_pipeline_stage if uneven else None,
         "num_moe_experts": recipe.model.num_routed_experts,
         "moe_router_topk": recipe.model.num_experts_per_tok,
         "moe_enable_routing_replay": recipe.routing_replay.enabled,
@@ -63,10 +68,16 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "params_dtype": torch.bfloat16 if bf16 else torch.float32,
         "use_distributed_optimizer": multi_rank,
         "optimizer_cpu_offload": actor.optimizer_cpu_offload,
-        "optimizer_offload_fraction": 1.0 if actor.optimizer_cpu_offload else 0.0,
+        "optimizer_offload_fraction": actor.optimizer_offload_fraction if actor.optimizer_cpu_offload else 0.0,
         "overlap_cpu_optimizer_d2h_h2d": actor.optimizer_cpu_offload,
-        # megatron's HybridDeviceOptimizer (CPU offload) runs through the precision-aware path
-        "use_precision_aware_optimizer": actor.optimizer_cpu_offload and multi_rank,
+        # megatron's HybridDeviceOptimizer (CPU offload) and moments below fp32 both run through the
+        # precision-aware path, which megatron allows only with the distributed optimizer
+        "use_precision_aware_optimizer": multi_rank and (actor.optimizer_cpu_offload or moments != torch.float32),
+        # BF16 moments as LumenRL's DSV4 config keeps them. megatron-core 0.16.1 hands these to the GPU Adam only:
+        # its HybridDeviceOptimizer (optimizer_cpu_offload) builds torch's Adam without them, so offloaded moments
+        # stay fp32 there (repro.cluster.memory_budget counts them so)
+        "exp_avg_dtype": moments,
+        "exp_avg_sq_dtype": moments,
     }
     ddp = {
         "use_distributed_optimizer": multi_rank,

@@ -74,7 +74,17 @@ def engine_config(recipe, num_layers: int) -> dict[str, Any]:
         "moe_enable_routing_replay": recipe.routing_replay.enabled,
         "seed": recipe.seed,
     }
-    stages = pipeline_stage_layers(num_layers, actor.pipeline_parallel)
+    first, last = actor.num_layers_in_first_pipeline_stage, actor.num_layers_in_last_pipeline_stage
+    if first is None and last is None:
+        stages = pipeline_stage_layers(num_layers, actor.pipeline_parallel)
+    else:  # the recipe's split, checked against the checkpoint's own layer count by megatron's rule
+        from repro.recipes.consistency import pipeline_stage_layers as split
+
+        try:
+            split(num_layers, actor.pipeline_parallel, first, last)
+        except ValueError as err:
+            raise TrainerError(f"{err} (the checkpoint's config.json has num_hidden_layers={num_layers})") from None
+        stages = (first, last)
     if stages:
         config["num_layers_in_first_pipeline_stage"], config["num_layers_in_last_pipeline_stage"] = stages
     return config

@@ -28,7 +28,8 @@ first), so ``[B, T, k]`` tables are transposed.
 
 On CPU ``repro.train.megatron.cpu_shim`` patches megatron-core's CUDA assumptions (gloo, any world size) and the
 optimizer is the project's fp32-master AdamW (``MasterAdamW``, the update Megatron's mixed-precision optimizer
-does) over this rank's shard, clipped by the global norm: megatron-core 0.16.1's optimizers allocate on
+does) over this rank's shard, clipped by the global norm -- sharded ZeRO-1 style over the data-parallel replicas
+(``repro.train.zero1``) when the recipe maps to megatron's distributed optimizer (more than one worker): megatron-core 0.16.1's optimizers allocate on
 ``device="cuda"`` outright (``FP32Optimizer._scale``, ``MixedPrecisionOptimizer._dummy_overflow_buf``), so they
 cannot be built on CPU. ``megatron_layout(...)["optimizer"]`` is the ``OptimizerConfig`` a GPU cluster's
 ``get_megatron_optimizer`` (distributed, CPU-offloaded) would take -- not wired: see docs/megatron-dsv4.md.
@@ -51,8 +52,9 @@ from repro.train.grpo_update import (
 )
 from repro.train.megatron.config import megatron_layout
 from repro.train.optimizer import MasterAdamW
+from repro.train.zero1 import ShardedMasterAdamW
 from repro.train.megatron.parallel import (
-    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
+    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm, is_expert,
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
@@ -89,6 +91,8 @@ class MegatronTrainer:
         seed: int = 0,
         parallel_state: dict[str, int] | None = None,
         export_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+        distributed_optimizer: bool = False,
+        optimizer_offload: bool = False,
     ):
         ensure_model_parallel(parallel_state or dict(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
@@ -110,7 +114,7 @@ class MegatronTrainer:
         torch.manual_seed(seed)
         self.model = cast_for_training(model, dtype)
         self.routers = moe_routers(model)
-        self.opt = MasterAdamW(model, self.optim)
+        self.opt = data_parallel_optimizer(model, self.optim, distributed_optimizer, optimizer_offload)
         self.opt.zero_grad()
         self.step = 0      # completed train_step calls
         self.updates = 0   # completed optimizer updates (drives the warm-up)
@@ -129,7 +133,9 @@ class MegatronTrainer:
         provider = model_provider or resolve_model_provider(recipe)
         built = provider(recipe)  # a model, or (model, export_names) when the rollout speaks other names
         model, export_names = built if isinstance(built, tuple) else (built, None)
-        settings = dict(recipe_settings(recipe), parallel_state=layout["parallel_state"], export_names=export_names)
+        settings = dict(recipe_settings(recipe), parallel_state=layout["parallel_state"], export_names=export_names,
+                        distributed_optimizer=layout["optimizer"]["use_distributed_optimizer"],
+                        optimizer_offload=recipe.actor.optimizer_cpu_offload)
         return cls(model, **{**settings, **overrides})
 
     # ---- megatron's forward/backward schedule with R3 ------------------------------------------------------
@@ -303,6 +309,18 @@ class MegatronTrainer:
 
         load_trainer(self, self._rank_dir(directory), backend="megatron",
                      load_weights=lambda weights, source: load_weights(self.model, weights, source))
+
+
+def data_parallel_optimizer(model: torch.nn.Module, optim: OptimConfig, distributed: bool, offload: bool):
+    """The rank's AdamW: ZeRO-1 (``repro.train.zero1``) when the recipe asks for megatron's distributed optimizer --
+    dense parameters sharded over the data-parallel group, experts over the expert-data-parallel group, as megatron
+    shards them -- else the whole ``MasterAdamW`` on every replica."""
+    if not distributed:
+        return MasterAdamW(model, optim)
+    from megatron.core import parallel_state as ps
+
+    dense, experts = ps.get_data_parallel_group(), ps.get_expert_data_parallel_group()
+    return ShardedMasterAdamW(model, optim, offload=offload, group_of=lambda name: experts if is_expert(name) else dense)
 
 
 def resolve_model_provider(recipe: Recipe) -> Callable[..., torch.nn.Module]:
