@@ -133,7 +133,7 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
             index, start, used, entries, buffer = index + 1, 0, 0, [], None
         if data.numel() > bucket_bytes:
             yield _bucket(version, sender, index, [_entry(name, tensor, 0)], data)
-            index += 1
+            index, data, tensor = index + 1, None, None  # let it go before the next tensor is made
             continue
         if buffer is None:
             buffer = torch.empty(bucket_bytes, dtype=torch.uint8)

@@ -91,6 +91,7 @@ class SyncGroup:
             if bucket.header.nbytes:
                 self._broadcast(bucket.payload)
             sent += bucket.header.nbytes
+            del bucket  # the sender makes the next bucket with this one freed: two buckets at most
         return sent
 
     def receive(self, version: int) -> Iterator[PackedBucket]:
