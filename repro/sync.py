@@ -1,16 +1,26 @@
-"""Weight sync, trainer -> rollout: named tensors in size-capped buckets, verified whole before any is applied.
+"""Weight sync, trainer -> rollout: full tensors streamed in flat byte buckets, each checked as it arrives.
 
 AMD streams the BF16 actor's weights to the rollout node over RDMA in 2,048 MB buckets and converts them to
-FP8 there. Here a bucket is a plain record that any transport can carry (Ray's object store on one machine):
-the sender cuts the named tensors into buckets of at most ``bucket_bytes`` (a tensor larger than that gets a
-bucket of its own), tagging each with the weight version, its index, the bucket count, the tensor names and
-a CRC-32 of every tensor's bytes. The receiver checks each bucket (version, count, names, checksums) and only
-when the whole set has arrived and checked out hands the tensors to the engine, whose ``update_weights``
-re-quantises them to FP8 and swaps all at once: the rollout never generates from a half-applied update.
+FP8 there. Here a sender turns its named tensors (produced one at a time, in the served checkpoint's names)
+into ``PackedBucket``s: a flat uint8 payload of at most ``bucket_bytes`` (a larger tensor travels alone) and a
+small JSON header -- version, sender, bucket index, each tensor's name/dtype/shape/offset, and a CRC-32 of the
+payload. No tensor is pickled: the header is JSON, the payload raw bytes, rebuilt on arrival as views.
+Each sender ends its stream with an end marker (a header with ``end`` set and no payload).
+
+Any transport carries the buckets in order: an iterator in one process, or a collective group made for the
+sync (``repro.sync_group``: gloo here, NCCL/RCCL on GPUs). ``verified_stream`` checks every bucket on arrival
+(version, sender, the next index, checksum, no tensor twice) and yields its tensors; the first bad one raises a
+``SyncError`` naming the version and the bucket. Engines apply bucket by bucket between ``SyncGate.begin`` and
+``SyncGate.finish``; a sync that fails half-way leaves the gate closed, so the engine refuses to generate
+(naming the version and the bucket) until a complete sync succeeds: no rollout samples from a half-applied update.
+
+Measured vs estimated: the checksum's cost and the transport's GB/s are measured by
+``benchmarks/bench_weight_sync.py``; the cluster figures it prints beside them are labelled estimates.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import zlib
 from dataclasses import dataclass
@@ -20,49 +30,166 @@ import torch
 
 from repro.errors import ReproError
 
+# dtypes a bucket may carry, by the name a header spells them with (no getattr on text from the wire)
+DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz,
+    torch.float8_e5m2, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+ALIGN = 64  # byte alignment of each tensor in a payload (any dtype's element size divides it)
+
 
 class SyncError(ReproError):
-    """A weight-sync bucket is missing, duplicated, from another version, or corrupt."""
+    """A weight-sync bucket is missing, out of order, from another version or sender, or corrupt."""
 
 
 @dataclass(frozen=True)
-class Bucket:
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int                     # byte offset in the bucket's payload
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BucketHeader:
     version: int
-    index: int
-    count: int                      # buckets in this version's sync
-    tensors: dict[str, torch.Tensor]
-    checksums: dict[str, int]       # name -> CRC-32 of the tensor's bytes as sent
+    sender: int                     # which sending trainer rank (0.. senders-1; a pipeline stage)
+    index: int                      # this sender's bucket number, from 0; the end marker takes the next
+    entries: tuple[TensorEntry, ...]
+    nbytes: int                     # payload length
+    checksum: int                   # CRC-32 of the payload
+    end: bool = False               # the sender's end marker: no entries, no payload
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "version": self.version, "sender": self.sender, "index": self.index, "nbytes": self.nbytes,
+            "checksum": self.checksum, "end": self.end,
+            "entries": [[e.name, e.dtype, list(e.shape), e.offset, e.nbytes] for e in self.entries],
+        }).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> "BucketHeader":
+        try:
+            raw = json.loads(data)
+            entries = tuple(TensorEntry(str(n), str(d), tuple(int(x) for x in s), int(o), int(b))
+                            for n, d, s, o, b in raw["entries"])
+            return cls(int(raw["version"]), int(raw["sender"]), int(raw["index"]), entries, int(raw["nbytes"]),
+                       int(raw["checksum"]), bool(raw["end"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise SyncError(f"{where}: unreadable bucket header ({err})") from err
+
+
+@dataclass(frozen=True)
+class PackedBucket:
+    header: BucketHeader
+    payload: torch.Tensor           # 1-D uint8, header.nbytes long
 
     @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+    def label(self) -> str:
+        h = self.header
+        return f"bucket {h.index} of sender {h.sender}"
 
 
-def tensor_crc32(tensor: torch.Tensor) -> int:
-    """CRC-32 of the tensor's raw bytes (dtype-agnostic: viewed as uint8)."""
-    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    return zlib.crc32(flat.numpy().tobytes()) if flat.numel() else 0
+def payload_checksum(payload: torch.Tensor) -> int:
+    """CRC-32 of a contiguous uint8 CPU tensor's bytes (read in place, no copy)."""
+    return zlib.crc32(payload.numpy()) if payload.numel() else 0
 
 
-def make_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, version: int) -> list[Bucket]:
-    """Group tensors, in order, into buckets of at most ``bucket_bytes`` (one oversize tensor per bucket)."""
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+def _entry(name: str, tensor: torch.Tensor, offset: int) -> TensorEntry:
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in DTYPES:
+        raise SyncError(f"tensor {name}: dtype {dtype} cannot be sent (known: {sorted(DTYPES)})")
+    return TensorEntry(name, dtype, tuple(tensor.shape), offset, tensor.numel() * tensor.element_size())
+
+
+def _bucket(version: int, sender: int, index: int, entries: list[TensorEntry], payload: torch.Tensor) -> PackedBucket:
+    return PackedBucket(BucketHeader(version, sender, index, tuple(entries), payload.numel(),
+                                     payload_checksum(payload)), payload)
+
+
+def end_marker(version: int, sender: int, index: int) -> PackedBucket:
+    return PackedBucket(BucketHeader(version, sender, index, (), 0, 0, end=True), torch.empty(0, dtype=torch.uint8))
+
+
+def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, version: int,
+                 sender: int = 0) -> Iterator[PackedBucket]:
+    """Copy tensors, in order, into flat buckets of at most ``bucket_bytes`` (an oversize tensor travels alone,
+    its bytes not copied), then the end marker. Holds one bucket buffer and the tensor being added."""
     if bucket_bytes <= 0:
         raise SyncError(f"bucket size must be positive, got {bucket_bytes} bytes")
-    groups: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
+    index, used, entries = 0, 0, []
+    buffer = None
     for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if groups[-1] and size + nbytes > bucket_bytes:
-            groups.append({})
-            size = 0
-        groups[-1][name] = tensor.detach().cpu()
-        size += nbytes
-    if not groups[-1]:
-        raise SyncError(f"weight sync v{version}: no tensors to send")
-    return [
-        Bucket(version, i, len(groups), group, {n: tensor_crc32(t) for n, t in group.items()})
-        for i, group in enumerate(groups)
-    ]
+        data = _as_bytes(tensor)
+        start = -(-used // ALIGN) * ALIGN  # every tensor starts aligned, so it is viewed in place on arrival
+        if entries and start + data.numel() > bucket_bytes:
+            yield _bucket(version, sender, index, entries, buffer[:used])
+            index, start, used, entries, buffer = index + 1, 0, 0, [], None
+        if data.numel() > bucket_bytes:
+            yield _bucket(version, sender, index, [_entry(name, tensor, 0)], data)
+            index, data, tensor = index + 1, None, None  # let it go before the next tensor is made
+            continue
+        if buffer is None:
+            buffer = torch.empty(bucket_bytes, dtype=torch.uint8)
+        buffer[used:start].zero_()
+        buffer[start: start + data.numel()].copy_(data)
+        entries.append(_entry(name, tensor, start))
+        used = start + data.numel()
+    if entries:
+        yield _bucket(version, sender, index, entries, buffer[:used])
+        index += 1
+    yield end_marker(version, sender, index)
+
+
+def unpack(bucket: PackedBucket) -> list[tuple[str, torch.Tensor]]:
+    """The bucket's tensors as views of its payload (copy them before the payload is reused)."""
+    out = []
+    for e in bucket.header.entries:
+        dtype = DTYPES.get(e.dtype)
+        if dtype is None or e.offset < 0 or e.offset + e.nbytes > bucket.payload.numel():
+            raise SyncError(f"{bucket.label}: tensor {e.name} ({e.dtype}, bytes {e.offset}+{e.nbytes}) does not fit "
+                            f"its {bucket.payload.numel()}-byte payload")
+        out.append((e.name, bucket.payload[e.offset: e.offset + e.nbytes].view(dtype).reshape(e.shape)))
+    return out
+
+
+def verified_stream(buckets: Iterable[PackedBucket], version: int, senders: int
+                    ) -> Iterator[tuple[str, list[tuple[str, torch.Tensor]]]]:
+    """(label, tensors) of every bucket of ``senders`` senders, checked on arrival; the stream must hold each
+    sender's buckets 0, 1, ... and its end marker, senders in order. Raises ``SyncError`` naming the bucket."""
+    names: set[str] = set()
+    stream = iter(buckets)
+    for sender in range(senders):
+        expected = 0
+        while True:
+            where = f"weight sync v{version}: bucket {expected} of sender {sender}"
+            bucket = next(stream, None)
+            if bucket is None:
+                raise SyncError(f"{where}: the stream ended before it arrived")
+            h = bucket.header
+            if (h.version, h.sender, h.index) != (version, sender, expected):
+                raise SyncError(f"{where}: got bucket {h.index} of sender {h.sender} of v{h.version} instead "
+                                "(a bucket was lost or reordered)")
+            if bucket.payload.numel() != h.nbytes or payload_checksum(bucket.payload) != h.checksum:
+                raise SyncError(f"{where}: payload fails its checksum ({bucket.payload.numel()} of {h.nbytes} bytes)")
+            if h.end:
+                break
+            tensors = unpack(bucket)
+            for name, _ in tensors:
+                if name in names:
+                    raise SyncError(f"{where}: tensor {name} arrived twice")
+                names.add(name)
+            yield f"bucket {h.index} of sender {sender}", tensors
+            expected += 1
+    extra = next(stream, None)
+    if extra is not None:
+        raise SyncError(f"weight sync v{version}: {extra.label} arrived after every sender's end marker")
 
 
 @dataclass(frozen=True)
@@ -75,40 +202,50 @@ class SyncStats:
 
     @property
     def gbps(self) -> float:
-        """GB/s (10^9 bytes) over verification and the engine's update (FP8 re-quantisation included)."""
+        """GB/s (10^9 bytes) over transport, checks and the engine's apply (FP8 re-quantisation included)."""
         return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("nan")
 
 
-def verified_tensors(buckets: list[Bucket], version: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Check a complete bucket set of one version; yield its tensors only if every check passed."""
-    if not buckets:
-        raise SyncError(f"weight sync v{version}: no buckets arrived")
-    count = buckets[0].count
-    seen = sorted(b.index for b in buckets)
-    if seen != list(range(count)):
-        raise SyncError(f"weight sync v{version}: expected buckets 0..{count - 1}, got indices {seen}")
-    names: set[str] = set()
-    for bucket in buckets:
-        if bucket.version != version or bucket.count != count:
-            raise SyncError(
-                f"weight sync v{version}: bucket {bucket.index} belongs to v{bucket.version} of {bucket.count} buckets"
-            )
-        if set(bucket.tensors) != set(bucket.checksums):
-            raise SyncError(f"weight sync v{version}: bucket {bucket.index} lists {len(bucket.checksums)} "
-                            f"checksums for {len(bucket.tensors)} tensors")
-        for name, tensor in bucket.tensors.items():
-            if name in names:
-                raise SyncError(f"weight sync v{version}: tensor {name} arrived twice")
-            names.add(name)
-            if tensor_crc32(tensor) != bucket.checksums[name]:
-                raise SyncError(f"weight sync v{version}: tensor {name} in bucket {bucket.index} fails its checksum")
-    for bucket in sorted(buckets, key=lambda b: b.index):
-        yield from bucket.tensors.items()
+class SyncGate:
+    """Whether an engine may generate: closed from ``begin`` until ``finish``; a ``fail``ed sync keeps it closed,
+    with the failure's message, until a later sync finishes."""
+
+    def __init__(self):
+        self.syncing: int | None = None
+        self.failure: str | None = None
+
+    def begin(self, version: int) -> None:
+        self.syncing = version
+
+    def fail(self, message: str) -> None:
+        self.failure = message
+
+    def finish(self) -> None:
+        self.syncing, self.failure = None, None
+
+    def check(self, error: type[Exception]) -> None:
+        if self.failure is not None:
+            raise error(f"generate refused: weight sync v{self.syncing} failed ({self.failure}); the engine holds a "
+                        "partly applied update until a complete sync succeeds")
+        if self.syncing is not None:
+            raise error(f"generate refused: syncing weights v{self.syncing}")
 
 
-def apply_buckets(engine, buckets: list[Bucket], version: int) -> SyncStats:
-    """Verify the whole set, then let the engine convert (FP8) and swap. Times both."""
+def apply_stream(engine, buckets: Iterable[PackedBucket], version: int, senders: int = 1) -> SyncStats:
+    """Check and apply ``buckets`` bucket by bucket through ``engine.begin_sync/apply_bucket/finish_sync``; any
+    failure marks the engine's gate failed (naming the bucket) and is raised. Times the whole."""
     start = time.perf_counter()
-    named = list(verified_tensors(buckets, version))
-    engine.update_weights(named, version)
-    return SyncStats(version, len(buckets), len(named), sum(b.nbytes for b in buckets), time.perf_counter() - start)
+    count = tensors = nbytes = 0
+    engine.begin_sync(version)
+    label = "before the first bucket"
+    try:
+        for label, named in verified_stream(buckets, version, senders):
+            engine.apply_bucket(named, version, label)
+            count, tensors = count + 1, tensors + len(named)
+            nbytes += sum(t.numel() * t.element_size() for _, t in named)
+        label = "after the last bucket"
+        engine.finish_sync(version)
+    except Exception as err:
+        engine.gate.fail(str(err) if " bucket " in str(err) else f"weight sync v{version}, {label}: {err}")
+        raise
+    return SyncStats(version, count, tensors, nbytes, time.perf_counter() - start)

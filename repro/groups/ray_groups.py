@@ -3,9 +3,11 @@ each pinned to its bundle of the recipe's placement. Both implement ``repro.grou
 
 Trainer calls go to every rank at once (SPMD: a Megatron step is a collective) and return rank 0's answer; the
 ranks compute the same result (the trainer broadcasts what only the last pipeline stage has). A batch is put in
-the object store once for all ranks. ``send_weights`` returns rank 0's reference to its buckets without waiting,
-and the rollout actor resolves it itself, so the weights travel trainer -> rollout through the object store,
-never through the driver.
+the object store once for all ranks. Weight sync: on the first sync each sending rank names a free port on its
+node (``sync_address``); ``send_weights`` starts every rank's send without waiting and returns those addresses,
+and the rollout actor joins each sender's collective group (``repro.sync_group``) and receives the buckets
+there. Ray carries only the addresses and the calls; the weights never pass through the object store or the
+driver.
 
 Rendezvous: rank 0's bundle is asked (a zero-CPU task scheduled into it) for its node address and a free port;
 every rank then starts with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its environment, which
@@ -26,6 +28,7 @@ from repro.groups.workers import RolloutWorker, TrainerWorker
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.sync import SyncStats
+from repro.sync_group import SyncAddress
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
 
@@ -36,6 +39,7 @@ class RayTrainerGroup:
 
     ranks: list[Any]  # actor handles of TrainerWorker, rank order
     timeout_s: float | None = None
+    sync_addresses: list[SyncAddress | None] | None = None  # per rank, asked on the first sync
 
     @property
     def names(self) -> list[str]:
@@ -61,9 +65,13 @@ class RayTrainerGroup:
         return wait_all([r.train_step.remote(batch) for r in self.ranks], self.names, "train_step", self.timeout_s)[0]
 
     def send_weights(self, version: int) -> "RaySend":
-        """Started on every rank: rank 0's reference to its buckets, and the other ranks' part of the gather."""
-        refs = [r.send_weights.remote(version) for r in self.ranks]
-        return RaySend(refs[0], refs[1:], self.names[1:])
+        """Started on every rank (senders broadcast on their sync groups, the others help gather): the senders'
+        group addresses, and the calls, which must finish too."""
+        if self.sync_addresses is None:
+            self.sync_addresses = wait_all([r.sync_address.remote() for r in self.ranks], self.names, "sync_address",
+                                           self.timeout_s)
+        refs = [r.send_weights.remote(version, address) for r, address in zip(self.ranks, self.sync_addresses)]
+        return RaySend([a for a in self.sync_addresses if a is not None], refs, self.names)
 
     def save(self, directory: Path) -> Path:
         return Path(wait_all([r.save.remote(str(directory)) for r in self.ranks], self.names, "save", self.timeout_s)[0])
@@ -74,12 +82,11 @@ class RayTrainerGroup:
 
 @dataclass(frozen=True)
 class RaySend:
-    """A weight send under way: rank 0's buckets (resolved by the rollout actor itself) and the other ranks'
-    calls, which must finish too (they take part in gathering the weights to rank 0)."""
+    """A weight send under way: where each sender's sync group meets, and every trainer rank's send call."""
 
-    buckets: Any
-    peers: list[Any]
-    peer_names: list[str]
+    addresses: list[SyncAddress]
+    calls: list[Any]
+    call_names: list[str]
 
 
 @dataclass
@@ -97,10 +104,9 @@ class RayRolloutGroup:
         return wait_all([self.actor.generate.remote(prompts, params)], [self.name], "generate", self.timeout_s)[0]
 
     def receive_weights(self, sent: RaySend, version: int) -> SyncStats:
-        stats = wait_all([self.actor.receive_weights.remote(sent.buckets, version)], [self.name], "receive_weights",
-                         self.timeout_s)[0]
-        wait_all(sent.peers, sent.peer_names, "send_weights", self.timeout_s)
-        return stats
+        """Receive on the senders' groups while they send; the first side to fail raises, naming itself."""
+        received = self.actor.receive_weights.remote(sent.addresses, version)
+        return wait_all([received, *sent.calls], [self.name, *sent.call_names], "weight sync", self.timeout_s)[0]
 
 
 def _free_port_here() -> tuple[str, int]:

@@ -3,22 +3,47 @@
 
 A worker builds its backend from the resolved recipe (a dict when it crossed a process boundary) and the model
 folder, so weights load where they are used and never travel through the driver, and it owns its side of the
-weight sync: the trainer worker cuts its weights into buckets, the rollout worker checks and applies them.
+weight sync (``repro.sync``): the trainer worker packs its weights, one tensor at a time, into buckets; the
+rollout worker checks and applies them bucket by bucket. In one process the buckets pass as a lazy iterator;
+on Ray over the sync's own collective groups (``repro.sync_group``), whose addresses are all Ray carries.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
-from repro.sync import Bucket, SyncStats, apply_buckets, make_buckets
+from repro.sync import PackedBucket, SyncError, SyncStats, apply_stream, pack_buckets
+from repro.sync_group import SyncAddress, SyncGroup, free_address, receive_all
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
 
 
 def _recipe(recipe: Recipe | dict) -> Recipe:
     return recipe if isinstance(recipe, Recipe) else Recipe.model_validate(recipe)
+
+
+def sync_receivers(recipe: Recipe) -> int:
+    """Processes that receive a weight sync: every vLLM tensor-parallel worker, or the one embedded engine."""
+    return recipe.rollout.tensor_parallel if recipe.rollout.backend == "vllm" else 1
+
+
+def sync_backend(recipe: Recipe) -> str:
+    """gloo on CPU lanes; NCCL (RCCL on ROCm) where the rollout runs on GPUs."""
+    return "nccl" if recipe.cluster.gpus_per_node > 0 else "gloo"
+
+
+def _node_host() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
 
 
 class TrainerWorker:
@@ -39,6 +64,9 @@ class TrainerWorker:
 
             self.trainer = EmbeddedTrainer.from_recipe(recipe, model_dir)
         self.bucket_bytes = recipe.weight_sync.bucket_mb * 1024 * 1024
+        self.receivers, self.backend = sync_receivers(recipe), sync_backend(recipe)
+        self.timeout_s = recipe.weight_sync.timeout_s
+        self.group: SyncGroup | None = None
 
     def ready(self) -> None:
         """Construction is the warm-up; by the time this runs it is done."""
@@ -49,10 +77,36 @@ class TrainerWorker:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.trainer.train_step(batch)
 
-    def send_weights(self, version: int) -> list[Bucket]:
-        """The whole model in buckets (a Megatron trainer: on rank 0; its other ranks return [])."""
-        weights = list(self.trainer.named_weights())
-        return make_buckets(weights, self.bucket_bytes, version) if weights else []
+    def sender_index(self) -> int | None:
+        """Which sync sender this rank is (None: it only helps gather). A Megatron world sends from rank 0,
+        which ``named_weights`` gathers the model to; the embedded trainer is one rank."""
+        import torch.distributed as dist
+
+        return 0 if not dist.is_initialized() or dist.get_rank() == 0 else None
+
+    def sync_address(self) -> SyncAddress | None:
+        """Where this rank's sync group will meet (a free port on its node), or None for a non-sending rank."""
+        sender = self.sender_index()
+        if sender is None:
+            return None
+        host, port = free_address(_node_host())
+        return SyncAddress(host, port, sender, self.receivers, self.backend, self.timeout_s)
+
+    def send_weights(self, version: int, address: SyncAddress | None = None) -> Iterator[PackedBucket] | int:
+        """Every weight in buckets, packed one tensor at a time. In one process (no ``address``): the lazy
+        bucket stream, for ``RolloutWorker.receive_weights``. On Ray: broadcast on this rank's sync group
+        (formed on first use); returns the payload bytes sent (0 from a rank that only helps gather)."""
+        named = self.trainer.named_weights()
+        sender = self.sender_index()
+        if address is None:
+            return pack_buckets(named, self.bucket_bytes, version, sender or 0)
+        if sender is None:
+            for _ in named:  # the collective gather needs this rank; its share arrives at rank 0
+                pass
+            return 0
+        if self.group is None or self.group.address != address:
+            self.group = SyncGroup(address, rank=0)
+        return self.group.send(pack_buckets(named, self.bucket_bytes, version, sender))
 
     def save(self, directory: str | Path) -> Path:
         return Path(self.trainer.save(directory))
@@ -96,8 +150,30 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         return self.engine.generate(prompts, params)
 
-    def receive_weights(self, sent: list[Bucket], version: int) -> SyncStats:
-        return apply_buckets(self.engine, sent, version)
+    def receive_weights(self, sent: Iterable[PackedBucket] | list[SyncAddress], version: int) -> SyncStats:
+        """Apply a sync bucket by bucket: ``sent`` is the trainer's bucket stream (one process) or the addresses
+        of the senders' groups (Ray). A bad bucket fails the sync and leaves the engine refusing to generate;
+        the rest of the stream is still drained, so the senders finish and the next sync starts clean."""
+        if isinstance(sent, list) and all(isinstance(a, SyncAddress) for a in sent):
+            if hasattr(self.engine, "receive_from_groups"):  # vLLM: its workers join the groups themselves
+                return self.engine.receive_from_groups(sent, version)
+            stream, senders = receive_all(self._groups(sent), version), len(sent)
+        else:
+            stream, senders = iter(sent), 1
+        try:
+            return apply_stream(self.engine, stream, version, senders)
+        except Exception:
+            try:
+                for _ in stream:
+                    pass
+            except SyncError:
+                pass
+            raise
+
+    def _groups(self, addresses: list[SyncAddress]) -> list[SyncGroup]:
+        known = {g.address: g for g in getattr(self, "groups", [])}
+        self.groups = [known.get(a) or SyncGroup(a, rank=1) for a in addresses]
+        return self.groups
 
     def weight_version(self) -> int:
         return self.engine.weight_version

@@ -116,10 +116,12 @@ def export_weights(served: ServedWeights, state: Mapping[str, torch.Tensor]) -> 
         yield name, tensor.to(spec.dtype).contiguous().clone()
 
 
-def check_update(served: ServedWeights, received: Mapping[str, torch.Tensor], version: int, error=ValueError) -> None:
-    """Raise ``error`` naming what is wrong with an update: missing, unexpected (MTP: with why), shape, dtype, finite."""
+def check_update(served: ServedWeights, received: Mapping[str, torch.Tensor], version: int, error=ValueError,
+                 partial: bool = False) -> None:
+    """Raise ``error`` naming what is wrong with an update: missing (unless ``partial``: one bucket of a streamed
+    update), unexpected (MTP: with why), shape, dtype, finite."""
     expected = served.synced
-    missing = [n for n in expected if n not in received]
+    missing = [] if partial else [n for n in expected if n not in received]
     unexpected = [n for n in received if n not in expected]
     if missing or unexpected:
         why = f" ({layouts.MTP_REASON})" if any(layouts.is_mtp(n) for n in unexpected) else ""

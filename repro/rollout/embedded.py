@@ -25,9 +25,11 @@ import torch
 from transformers import DynamicCache
 
 from repro.errors import ReproError
-from repro.model.served import check_update, served_weights, to_state_dict
+from repro.model import layouts
+from repro.model.served import ServedWeights, check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
+from repro.sync import SyncGate
 
 # named tensors as the trainer holds them -> named tensors as the engine computes with (e.g. FP8 round trip)
 WeightView = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -63,7 +65,12 @@ class EmbeddedEngine:
         # The names, shapes and dtypes an update must carry: those of the folder the model came from.
         self.served = served_weights(self.model)
         self.weight_version = -1
+        self.gate = SyncGate()
         self._swap(dict(model.state_dict()), version=0)
+        self._module_state = self.model.state_dict()  # views of the module's tensors, written in place
+        self._parts = served_parts(self.served, self._module_state)
+        self._staged: dict[str, tuple[torch.Tensor, set[str]]] = {}
+        self._arrived: set[str] = set()
 
     def _has_topk_routers(self) -> bool:
         try:
@@ -82,6 +89,50 @@ class EmbeddedEngine:
         check_update(self.served, received, version, RolloutError)
         self._swap(to_state_dict(self.served, received), version)
 
+    # -- streamed weights: bucket by bucket (repro.sync.apply_stream drives these three) -------------------
+    def begin_sync(self, version: int) -> None:
+        """Close the gate: from here until ``finish_sync`` the module may hold a mix of versions."""
+        self.gate.begin(version)
+        self._staged, self._arrived = {}, set()
+
+    @torch.no_grad()
+    def apply_bucket(self, named: list[tuple[str, torch.Tensor]], version: int, label: str) -> None:
+        """Check each tensor against the served checkpoint and write it into the module. A module tensor made of
+        several served ones (stacked release experts) is staged until all its parts arrived; each whole module
+        tensor goes through the weight view (FP8 round trip) on its own, as a whole-model update would."""
+        for name, tensor in named:
+            if name not in self.served.synced:
+                why = f" ({layouts.MTP_REASON})" if layouts.is_mtp(name) else ""
+                raise RolloutError(f"weight update v{version}, {label}: unexpected tensor {name}{why}")
+            check_update(self.served, {name: tensor}, version, RolloutError, partial=True)
+            self._arrived.add(name)
+            module_name, part = self._parts[name]
+            if part.expert is None:
+                self._write(module_name, tensor)
+                continue
+            staged, waiting = self._staged.get(module_name) or (
+                torch.empty(self._module_state[module_name].shape, dtype=tensor.dtype),
+                {n for n, (m, _) in self._parts.items() if m == module_name})
+            part.select(staged).copy_(tensor)
+            waiting.discard(name)
+            self._staged[module_name] = (staged, waiting)
+            if not waiting:
+                del self._staged[module_name]
+                self._write(module_name, staged)
+
+    def _write(self, module_name: str, tensor: torch.Tensor) -> None:
+        self._module_state[module_name].copy_(self.weight_view({module_name: tensor})[module_name])
+
+    def finish_sync(self, version: int) -> None:
+        """Every served tensor arrived: open the gate at ``version``; else raise naming what is missing."""
+        missing = [n for n in self.served.synced if n not in self._arrived]
+        if missing:
+            raise RolloutError(f"weight update v{version}: the sync ended without tensors {missing[:5]}"
+                               f"{'...' if len(missing) > 5 else ''} ({len(missing)} missing)")
+        self._staged, self._arrived = {}, set()
+        self.weight_version = version
+        self.gate.finish()
+
     def _swap(self, state: dict[str, torch.Tensor], version: int) -> None:
         expected = self.model.state_dict()
         mismatched = sorted(set(expected) ^ set(state))
@@ -90,11 +141,14 @@ class EmbeddedEngine:
         served = self.weight_view(state)
         self.model.load_state_dict(served, strict=True)
         self.weight_version = version
+        self.gate.finish()
 
     # -- sampling ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
-        """``params.n`` responses per prompt, prompt-major. Deterministic for ``params.seed``."""
+        """``params.n`` responses per prompt, prompt-major. Deterministic for ``params.seed``. Refused while a
+        weight sync is under way or after one failed, until a complete sync succeeds."""
+        self.gate.check(RolloutError)
         self._check_prompts(prompts, params)
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(params.seed)
@@ -199,3 +253,15 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator) -> tu
     probs = torch.softmax(filtered, dim=-1)
     tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def served_parts(served: ServedWeights, state: dict[str, torch.Tensor]) -> dict[str, tuple[str, layouts.Part]]:
+    """served name -> (module state-dict name, the part of that tensor it fills): release expert tensors are rows
+    of the module's stacked experts; every other tensor is a whole module tensor."""
+    if served.layout != layouts.DEEPSEEK:
+        return {name: (name, layouts.Part(name, tuple(state[name].shape))) for name in served.synced}
+    parts = {}
+    for module_name, tensor in state.items():
+        for part in layouts.release_parts(module_name, tuple(tensor.shape)):
+            parts[part.name] = (module_name, part)
+    return {name: parts[name] for name in served.synced}

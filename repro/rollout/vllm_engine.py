@@ -35,12 +35,17 @@ What it maps, and how:
   from vLLM 0.32's source and NOT exercised here (no GPU). Prefix caching is off whenever routing is replayed,
   on GPU too, as LumenRL runs DeepSeek-V4 (``grpo_dsv4_flash_vllm_longrun.yaml``: enable_prefix_caching false,
   R3 on): every replayed position then has routing computed by its own request.
-* Weight updates: checked whole against the served checkpoint's names, shapes and dtypes
-  (``repro.model.served``: a DeepSeek-V4 release folder is updated in release names, its MTP layer left out,
-  its FP32 tensors must arrive as FP32), written as one safetensors file under /dev/shm in the dtypes
-  received, loaded in place on every worker by ``reload_weights`` (checkpoint format, so vLLM's own DeepSeek-V4
-  ``WeightsMapper`` renames; vLLM re-quantises to FP8 on GPU, the CPU experts are re-packed), then the prefix
-  cache is reset so no KV computed with old weights is reused.
+* Weight updates stream bucket by bucket (``repro.sync``): each tensor is checked against the served
+  checkpoint's names, shapes and dtypes (``repro.model.served``: a DeepSeek-V4 release folder is updated in
+  release names, its MTP layer left out, its FP32 tensors must arrive as FP32) and handed to the model's own
+  ``load_weights`` between vLLM's ``initialize_layerwise_reload`` and ``finalize_layerwise_reload`` (checkpoint
+  format, so vLLM's DeepSeek-V4 ``WeightsMapper`` renames; vLLM re-quantises to FP8 on GPU as each layer
+  completes, the CPU experts are re-packed at the end) -- the lifecycle vLLM's own NCCL weight transfer uses.
+  On Ray every vLLM worker joins the senders' sync groups and receives there (``receive_from_groups``); in one
+  process each bucket crosses the RPC as safetensors bytes. No whole-model file, no whole-model host copy.
+  Until the last bucket is applied the engine refuses to generate; a failed sync keeps refusing (naming the
+  version and bucket) until a complete one succeeds. The prefix cache is reset so no old KV is reused.
+  ``update_weights`` (a whole named set) is the same path with one sender's buckets.
 * Refused: a DeepSeek-V4 checkpoint with MXFP4 experts on gfx942 (``check_servable``). What LumenRL patches in
   vLLM for this model, and what we do instead, is in docs/checkpoint-layouts.md.
 """
@@ -48,9 +53,6 @@ What it maps, and how:
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -62,6 +64,7 @@ from repro.model.served import check_update, served_from_folder
 from repro.recipes.schema import Recipe
 from repro.rollout.embedded import RolloutError
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
+from repro.sync import SyncGate, SyncStats, apply_stream, pack_buckets
 
 # What AMD's run used on the cluster, and what this adapter is tested with.
 CLUSTER_PINS = {"vllm": "0.25.1", "rocm": "7.2", "gpu": "MI308X (gfx942)", "tensor_parallel": 8}
@@ -171,16 +174,6 @@ def _gpu_arch() -> str | None:
     return str(getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")) or None
 
 
-def stage_update(received: dict[str, torch.Tensor], folder: Path) -> Path:
-    """One safetensors file holding the update as received: each tensor in its own dtype (FP32 stays FP32; the
-    worker hands the file to vLLM's loader, which renames checkpoint names and copies into its parameters)."""
-    from safetensors.torch import save_file
-
-    path = folder / "weights.safetensors"
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in received.items()}, str(path))
-    return path
-
-
 class VLLMEngine:
     """A rollout engine over one ``vllm.LLM``. ``generate`` / ``update_weights`` as ``EmbeddedEngine``."""
 
@@ -191,7 +184,6 @@ class VLLMEngine:
         eos_id: int,
         max_context: int,
         record_routing: bool = True,
-        scratch_dir: str | Path | None = None,
     ):
         from vllm import LLM
 
@@ -200,8 +192,6 @@ class VLLMEngine:
         check_servable(self.model_dir, _gpu_arch())
         # The names, shapes and dtypes an update carries: the served folder's (MTP layer left out).
         self.served = served_from_folder(self.model_dir)
-        shm = Path("/dev/shm")
-        self.scratch_dir = Path(scratch_dir) if scratch_dir else (shm if shm.is_dir() else Path(tempfile.gettempdir()))
         self.llm = LLM(**engine_args)
         self.routing_layers: list[int] = []
         self.record_routing = record_routing
@@ -215,6 +205,7 @@ class VLLMEngine:
         # token (0.03 k3-KL on the untrained tiny Qwen3-MoE, whose 32-id vocabulary has 25 tokens). The worker's
         # `repro_mask_vocab` is there for a run that masks both sides (docs/checkpoint-layouts.md).
         self.weight_version = 0
+        self.gate = SyncGate()
 
     @classmethod
     def from_recipe(cls, recipe: Recipe | dict, model_dir: str | Path, eos_id: int) -> "VLLMEngine":
@@ -228,6 +219,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.gate.check(VLLMRolloutError)
         self._check_prompts(prompts)
         start = time.perf_counter()
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
@@ -324,20 +316,57 @@ class VLLMEngine:
         return found
 
     # -- weights -----------------------------------------------------------------------------------------
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Check the whole update against the served checkpoint's names, shapes and dtypes, then reload in place."""
-        received = dict(named_tensors)
-        check_update(self.served, received, version, VLLMRolloutError)
-        folder = Path(tempfile.mkdtemp(prefix=f"repro-vllm-{os.getpid()}-v{version}-", dir=self.scratch_dir))
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                       bucket_bytes: int = 256 << 20) -> SyncStats:
+        """A whole named set, streamed to the workers in buckets (as a one-sender sync)."""
+        return apply_stream(self, pack_buckets(named_tensors, bucket_bytes, version), version)
+
+    def begin_sync(self, version: int) -> None:
+        self.gate.begin(version)
+        self._arrived: set[str] = set()
+        self.llm.collective_rpc("repro_begin_weight_update")
+
+    def apply_bucket(self, named: list[tuple[str, torch.Tensor]], version: int, label: str) -> None:
+        """Check the bucket's tensors, then load them on every worker (safetensors bytes over the RPC)."""
+        from safetensors.torch import save
+
+        received = dict(named)
+        check_update(self.served, received, version, VLLMRolloutError, partial=True)
+        loaded = self.llm.collective_rpc("repro_load_bucket", args=(save(received),))
+        if any(count != len(received) for count in loaded):
+            raise VLLMRolloutError(f"weight update v{version}, {label}: workers loaded {loaded} of {len(received)}")
+        self._arrived.update(received)
+
+    def finish_sync(self, version: int) -> None:
+        missing = [n for n in self.served.synced if n not in self._arrived]
+        if missing:
+            raise VLLMRolloutError(f"weight update v{version}: the sync ended without tensors {missing[:5]} "
+                                   f"({len(missing)} missing)")
+        self.llm.collective_rpc("repro_finish_weight_update")
+        self._opened(version)
+
+    def receive_from_groups(self, addresses: list, version: int) -> SyncStats:
+        """Every worker joins each sender's sync group (ranks 1.. in worker order) and applies the buckets as
+        they arrive; checked against the served checkpoint there. Returns worker 0's count."""
+        from dataclasses import asdict
+
+        start = time.perf_counter()
+        self.gate.begin(version)
+        expected = {n: [list(s.shape), str(s.dtype).removeprefix("torch.")] for n, s in self.served.synced.items()}
         try:
-            path = stage_update(received, folder)
-            loaded = self.llm.collective_rpc("repro_reload_weights", args=(str(path),))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        if any(count != len(received) for count, _ in loaded):
-            raise VLLMRolloutError(f"weight update v{version}: workers loaded {loaded} of {len(received)} tensors")
+            answers = self.llm.collective_rpc("repro_receive_weights",
+                                              args=([asdict(a) for a in addresses], version, expected))
+        except Exception as err:
+            self.gate.fail(str(err))
+            raise
+        self._opened(version)
+        buckets, tensors, nbytes = answers[0]
+        return SyncStats(version, buckets, tensors, nbytes, time.perf_counter() - start)
+
+    def _opened(self, version: int) -> None:
         self.llm.reset_prefix_cache()
         self.weight_version = version
+        self.gate.finish()
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

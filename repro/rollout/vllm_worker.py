@@ -2,7 +2,8 @@
 
 vLLM mixes this class into its GPU/CPU ``Worker``, so each method is callable by name through
 ``LLM.collective_rpc`` on every tensor-parallel rank; ``self.model_runner`` is the worker's model runner.
-Only plain values cross the RPC (strings, ints, bytes): tensors travel as safetensors files or bytes.
+Only plain values cross the RPC (strings, ints, bytes): tensors travel as safetensors bytes, or over
+the weight sync's own collective groups, which the workers join (``repro_receive_weights``).
 
 Routing capture. Every MoE router of vLLM calls ``capture_fn(topk_ids)`` with the experts of all tokens of
 the current forward step ([tokens_in_step, top_k]); it is the hook vLLM's own routed-experts capturer uses
@@ -135,19 +136,81 @@ class ReproWorkerExtension:
         return max(0, int(model.config.vocab_size) - int(size))
 
     # -- weights ------------------------------------------------------------------------------------------
-    def repro_reload_weights(self, path: str, repack: bool = True) -> tuple[int, int]:
-        """Load the safetensors file at ``path`` into the running model in place (checkpoint names).
+    # A streamed update, vLLM's layerwise-reload lifecycle (as its own NCCL weight transfer runs it): begin, then
+    # the model's load_weights per bucket (a layer is re-processed, FP8 on GPU, once all its weights arrived),
+    # then finish. Names are the checkpoint's (vLLM's WeightsMapper renames); only one bucket is held at a time.
+    def repro_begin_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        vLLM re-runs its per-layer weight processing (FP8 re-quantisation on GPU). On CPU the unquantised MoE
-        experts are packed into a kernel layout once at load time (``CPUUnquantizedExperts``) and the
-        layer-wise reload leaves them in plain layout, so they are re-packed here. Returns (tensors loaded, MoE layers re-packed).
-        """
-        from safetensors.torch import load_file
+        initialize_layerwise_reload(self.model_runner.get_model())
 
-        tensors = load_file(path)
-        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
-        packed = _repack_cpu_experts(self.model_runner.get_model()) if repack else 0
-        return len(tensors), packed
+    def repro_load_bucket(self, blob: bytes) -> int:
+        """Load one bucket (safetensors bytes, checkpoint names); returns the tensors it held."""
+        from safetensors.torch import load
+
+        tensors = load(blob)
+        self.model_runner.get_model().load_weights(iter(tensors.items()))
+        return len(tensors)
+
+    def repro_finish_weight_update(self, repack: bool = True) -> int:
+        """Finish the reload; returns the CPU MoE layers re-packed."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        finalize_layerwise_reload(model, self.model_runner.vllm_config.model_config)
+        return _repack_cpu_experts(model) if repack else 0
+
+    def repro_receive_weights(self, addresses: list[dict], version: int,
+                              expected: dict[str, list]) -> tuple[int, int, int]:
+        """Join each sender's sync group (rank 1 + this worker's TP rank; kept for later syncs) and apply the
+        buckets as they arrive, each tensor checked against ``expected`` (name -> [shape, dtype]). Returns
+        (buckets, tensors, bytes). A failure drains the rest of the stream, then raises."""
+        from repro.sync import SyncError, verified_stream
+        from repro.sync_group import SyncAddress, SyncGroup, receive_all
+
+        wanted = [SyncAddress(**a) for a in addresses]
+        known = {g.address: g for g in getattr(self, "_repro_sync_groups", [])}
+        device = "cpu" if wanted[0].backend == "gloo" else self.device
+        self._repro_sync_groups = [known.get(a) or SyncGroup(a, 1 + getattr(self, "rank", 0), device) for a in wanted]
+        stream = receive_all(self._repro_sync_groups, version)
+        buckets = tensors = nbytes = 0
+        arrived: set[str] = set()
+        self.repro_begin_weight_update()
+        try:
+            for label, named in verified_stream(stream, version, len(wanted)):
+                for name, tensor in named:
+                    check_tensor(name, tensor, expected, version, label)
+                self.model_runner.get_model().load_weights(iter(named))
+                arrived.update(n for n, _ in named)
+                buckets, tensors = buckets + 1, tensors + len(named)
+                nbytes += sum(t.numel() * t.element_size() for _, t in named)
+        except Exception:
+            try:
+                for _ in stream:
+                    pass
+            except SyncError:
+                pass
+            raise
+        missing = sorted(set(expected) - arrived)
+        if missing:
+            raise SyncError(f"weight sync v{version}: the sync ended without tensors {missing[:5]} ({len(missing)})")
+        self.repro_finish_weight_update()
+        return buckets, tensors, nbytes
+
+
+def check_tensor(name: str, tensor: torch.Tensor, expected: dict[str, list], version: int, label: str) -> None:
+    """One received tensor against the served checkpoint's [shape, dtype] for its name."""
+    from repro.sync import SyncError
+
+    spec = expected.get(name)
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if spec is None:
+        raise SyncError(f"weight sync v{version}, {label}: unexpected tensor {name}")
+    if list(tensor.shape) != list(spec[0]) or dtype != spec[1]:
+        raise SyncError(f"weight sync v{version}, {label}: tensor {name} is {dtype} {list(tensor.shape)}, "
+                        f"the checkpoint stores {spec[1]} {list(spec[0])}")
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        raise SyncError(f"weight sync v{version}, {label}: tensor {name} holds NaN or Inf")
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> int:

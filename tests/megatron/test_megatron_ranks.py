@@ -61,6 +61,8 @@ def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, refer
     import ray
 
     from repro.groups.ray_groups import start_trainer_ranks
+    from repro.sync import verified_stream
+    from repro.sync_group import SyncGroup, receive_all
 
     batch, before, metrics, weights, after = reference
     recipe = recipe_for(LAYOUTS[layout], 2)
@@ -76,9 +78,10 @@ def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, refer
             assert got[key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
         assert got["actor/grad_norm"] > 0.05  # the clip acted: the global norm, not a rank's, set its scale
         sent = group.send_weights(1)
-        buckets = ray.get(sent.buckets, timeout=300)
-        assert ray.get(sent.peers, timeout=300) == [[]]  # rank 1 took part in the gather and keeps nothing
-        synced = {name: t for b in buckets for name, t in b.tensors.items()}
+        assert [a.sender for a in sent.addresses] == [0]  # rank 0 sends; rank 1 takes part in the gather
+        receivers = [SyncGroup(a, rank=1) for a in sent.addresses]  # this test process is the rollout side
+        synced = {name: t.clone() for _, named in verified_stream(receive_all(receivers, 1), 1, 1) for name, t in named}
+        assert ray.get(sent.calls, timeout=300)[1] == 0  # bytes sent by rank 1: none
         assert sorted(synced) == sorted(weights)  # every full weight exactly once, full names
         for name, tensor in weights.items():
             torch.testing.assert_close(synced[name], tensor, atol=2e-6, rtol=0, msg=name)

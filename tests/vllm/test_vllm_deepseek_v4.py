@@ -113,10 +113,12 @@ def test_without_expert_dtype_vllm_sends_the_fp8_experts_to_mxfp4(fp8_dir, tmp_p
 
 
 def test_a_sync_of_the_release_folder_keeps_fp32_through_vllms_loader(release_dir, tmp_path):
-    """Trainer export (release names, the folder's dtypes) -> the vLLM engine's check and staging -> vLLM's loader:
+    """Trainer export (release names, the folder's dtypes) -> the vLLM engine's check -> vLLM's loader:
     an FP32 parameter moved by less than BF16 can hold arrives bit for bit."""
     from repro.model.served import served_from_folder
-    from repro.rollout.vllm_engine import VLLMRolloutError, stage_update
+    from safetensors.torch import save_file
+
+    from repro.rollout.vllm_engine import VLLMRolloutError
     from repro.model.served import check_update
     from repro.train.embedded import EmbeddedTrainer
 
@@ -131,7 +133,8 @@ def test_a_sync_of_the_release_folder_keeps_fp32_through_vllms_loader(release_di
     assert not torch.equal(exported["layers.1.hc_attn_fn"].bfloat16().float(), exported["layers.1.hc_attn_fn"])
     served = served_from_folder(release_dir)
     check_update(served, exported, version=1, error=VLLMRolloutError)
-    staged = stage_update(exported, tmp_path)
+    staged = tmp_path / "weights.safetensors"  # the probe loads a file; the engine streams buckets
+    save_file(exported, str(staged))
     report, params = probe(release_dir, tmp_path / "probe", "--weights", str(staged))
     assert report["loaded"] == sorted(report["params"])
     for name in ("layers.1.hc_attn_fn", "layers.1.attn.attn_sink", "layers.1.attn.compressor.ape", "hc_head_fn"):

@@ -1,0 +1,122 @@
+"""The collective groups a weight sync runs over: one per sending trainer rank, holding that rank and every
+rollout receiver (slime's scheme: each pipeline stage streams its own layers on a group of its own; LumenRL's
+single sender is the one-group case).
+
+Each group has its own rendezvous -- a ``TCPStore`` the sender hosts at an address Ray hands the receivers -- and
+its own process group built directly on that store (``ProcessGroupGloo`` here; ``ProcessGroupNCCL`` on GPUs,
+which RCCL serves on ROCm), so it never touches the trainer's default torch.distributed group, and calls go to
+the group object with group-local ranks (sender 0, receivers 1..R). On the wire, per bucket: two int64 (header
+length, payload length), the JSON header as bytes, the payload; nothing pickled. A receiver whose sender dies or
+stalls gets the transport's error (a reset connection, or the group's timeout) as a ``SyncError`` naming the
+version and the bucket it was waiting for.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from repro.sync import BucketHeader, PackedBucket, SyncError
+
+
+@dataclass(frozen=True)
+class SyncAddress:
+    """Where sender ``sender``'s group meets: plain values, carried by Ray (or a test) to every member."""
+
+    host: str
+    port: int
+    sender: int
+    receivers: int
+    backend: str = "gloo"          # "gloo", or "nccl" (NCCL / RCCL) with CUDA or ROCm devices
+    timeout_s: float = 7200.0
+
+    @property
+    def world(self) -> int:
+        return 1 + self.receivers
+
+
+def free_address(host: str | None = None) -> tuple[str, int]:
+    """This node's address and a port free now (the sender binds it moments later)."""
+    host = host or socket.gethostbyname(socket.gethostname())
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return host, sock.getsockname()[1]
+
+
+class SyncGroup:
+    """One sender's group, from one member's side: ``rank`` 0 is the sender, 1..R the receivers."""
+
+    def __init__(self, address: SyncAddress, rank: int, device: str | torch.device = "cpu"):
+        if not 0 <= rank < address.world:
+            raise SyncError(f"sync group of sender {address.sender}: rank {rank} outside 0..{address.world - 1}")
+        self.address, self.rank, self.device = address, rank, torch.device(device)
+        timeout = timedelta(seconds=address.timeout_s)
+        try:
+            store = dist.TCPStore(address.host, address.port, address.world, is_master=rank == 0, timeout=timeout)
+            store = dist.PrefixStore(f"repro-weight-sync-{address.sender}", store)
+            if address.backend == "gloo":
+                self.pg = dist.ProcessGroupGloo(store, rank, address.world, timeout)
+            elif address.backend == "nccl":
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                self.pg = dist.ProcessGroupNCCL(store, rank, address.world, options)
+            else:
+                raise SyncError(f"weight sync backend {address.backend!r}: gloo or nccl")
+        except (RuntimeError, dist.DistError) as err:
+            raise SyncError(f"sync group of sender {address.sender} at {address.host}:{address.port} did not form "
+                            f"as rank {rank} of {address.world}: {err}") from err
+        self._store = store  # the sender hosts the rendezvous: keep it alive with the group
+
+    def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = 0, 0
+        on_device = tensor.to(self.device) if tensor.device != self.device else tensor
+        self.pg.broadcast([on_device], options).wait()
+        return on_device
+
+    def send(self, buckets: Iterable[PackedBucket]) -> int:
+        """Broadcast every bucket (the stream must end with its end marker); returns the payload bytes sent."""
+        if self.rank != 0:
+            raise SyncError(f"sync group of sender {self.address.sender}: rank {self.rank} is a receiver")
+        sent = 0
+        for bucket in buckets:
+            header = bucket.header.encode()
+            self._broadcast(torch.tensor([len(header), bucket.header.nbytes], dtype=torch.int64))
+            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            if bucket.header.nbytes:
+                self._broadcast(bucket.payload)
+            sent += bucket.header.nbytes
+            del bucket  # the sender makes the next bucket with this one freed: two buckets at most
+        return sent
+
+    def receive(self, version: int) -> Iterator[PackedBucket]:
+        """This sender's buckets as they arrive, through its end marker (payloads on the CPU)."""
+        index = 0
+        while True:
+            where = f"weight sync v{version}: bucket {index} of sender {self.address.sender}"
+            try:
+                sizes = self._broadcast(torch.zeros(2, dtype=torch.int64)).cpu()
+                header_len, nbytes = int(sizes[0]), int(sizes[1])
+                raw = self._broadcast(torch.empty(header_len, dtype=torch.uint8)).cpu()
+                header = BucketHeader.decode(raw.numpy().tobytes(), where)
+                payload = torch.empty(nbytes, dtype=torch.uint8)
+                if nbytes:
+                    payload = self._broadcast(payload.to(self.device)).cpu()
+            except (RuntimeError, dist.DistError) as err:
+                raise SyncError(f"{where}: the transport failed while it was on its way "
+                                f"(sender dead or stalled past {self.address.timeout_s:g} s?): {err}") from err
+            yield PackedBucket(header, payload)
+            if header.end:
+                return
+            index += 1
+
+
+def receive_all(groups: list[SyncGroup], version: int) -> Iterator[PackedBucket]:
+    """Every sender's stream, sender 0 first (``repro.sync.verified_stream`` expects that order)."""
+    for group in sorted(groups, key=lambda g: g.address.sender):
+        yield from group.receive(version)
