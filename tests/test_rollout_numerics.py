@@ -113,6 +113,7 @@ def test_recipe_fields_map_to_numerics():
     numerics = RolloutNumerics.from_rollout(tiny.rollout)
     assert (numerics.activation_quant, numerics.bf16_activations, numerics.kv_cache_fp8) == (True, True, True)
     assert numerics.fp8_format == "e4m3fn" and numerics.activation_group == 128
+    assert tiny.actor.dtype == "bf16"  # AMD's actor: BF16 compute on fp32 masters
     bf16_weights = load_recipe("tiny-cpu", ["rollout.weight_format=bf16", "rollout.kv_cache_dtype=auto",
                                             "rollout.activation_dtype=fp32"])
     assert not RolloutNumerics.from_rollout(bf16_weights.rollout).active  # W8A8 needs FP8 weights
