@@ -82,3 +82,10 @@ $(MEGATRON_STAMP): pyproject.toml $(LOCK)
 
 test-megatron: $(MEGATRON_STAMP)
 	$(MEGATRON_PY) -m pytest -q --disable-warnings tests/megatron
+
+# Notebook 14, not part of `make repro`: R3 on/off, TIS token/sequence/off, cap 2.0/1.5/5.0 on the tiny recipe,
+# 2 seeds each, 30 steps (~15 min on 2 cores). Runs already complete in $(ABLATIONS) are read, not re-run.
+ABLATIONS ?= runs/ablations
+.PHONY: ablations
+ablations: $(STAMP)
+	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('14_ablations', '$(ABLATIONS)', {'out_dir': '$(ABLATIONS)'}, log_output=True)"

@@ -1,115 +1,182 @@
-"""How far an FP8-weight rollout copy is from the fp32 trainer on one GRPO batch: rollout_corr/kl, k3_kl, ESS.
+"""Training-inference mismatch by source, on one fixed GRPO batch: what each of vLLM's FP8 numerics adds.
 
-    python benchmarks/fp8_mismatch.py [--model-dir DIR] [--sft-steps 150] [--prompts 32] [--n 8]
+    python benchmarks/fp8_mismatch.py [--model-dir DIR] [--prompts 32] [--n 8] [--seeds 0 1] [--out FILE.json]
 
-The rollout copy gets the trainer's ``named_weights()`` through ``repro.fp8.quantize_tensors`` (block FP8,
-e4m3fn, 128x128) and dequantised back, i.e. the weight rounding the FP8 rollout serves (activations stay fp32
-here, so this is a lower bound on the real kernel mismatch). The copy samples tiny-math responses at T=0.8
-and rescores them with its routing recorded; the trainer then recomputes log π_old with that routing replayed
-(R3) and, for comparison, with its own routing. A random-init model is near-uniform, so without a ``--model-dir``
-the model first gets ``--sft-steps`` steps of the warm-start SFT to make its distribution peaked.
+One batch of tiny-math responses (32 prompts x 8 at T=0.8) is sampled once per seed by the embedded engine with
+every rollout numeric on. Each configuration then rescores those same tokens on its own rollout copy -- weights
+synced from the trainer exactly as the run syncs them (``named_weights`` -> ``update_weights`` -> block FP8) and
+the numerics of ``repro.rollout.numerics`` switched on cumulatively:
+
+  weights only       block-FP8 weights, fp32 everything else            (the suite before issue 18)
+  + W8A8             + activations quantised per token per 128 channels before every FP8 linear
+  + BF16 act.        + BF16 GEMM outputs and BF16 streams between layers
+  + FP8 KV cache     + DeepSeek-V4's fp8_ds_mla cache (e4m3 NoPE, UE8M0 scales, BF16 RoPE)
+  + BF16 trainer     the same rollout, and the trainer computing in BF16 (fp32 masters)    (AMD's setup)
+
+The rescoring is one forward over prompt + response through a wrapped ``DynamicCache`` (every entry is written,
+then read back, through the FP8 cache as in decoding). The trainer then recomputes log pi_old with the rollout's
+recorded experts replayed (R3) and with its own routing; the table gives k1 and k3 KL, ESS, the largest token
+importance weight, the share of tokens above the 2.0 cap, and the share of top-k routing decisions (response
+positions x top-k layers) where the trainer's own router picks another expert set than the rollout's.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
+from dataclasses import replace
 
 import torch
+from transformers import DynamicCache
 
 from repro.algos import logprobs_from_logits, rollout_corr_metrics
 from repro.data.tinymath import TINY_PROMPT_TEMPLATE, train_problems
-from repro.fp8.quant import dequantize_block
-from repro.fp8.stream import quantize_tensors
+from repro.model.hf_folder import load_checkpoint
 from repro.model.routing import RoutingRecorder
-from repro.model.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
-from repro.model.tokenizer import build_tiny_tokenizer, encode_strict
-from repro.rollout.types import FinishReason, Trajectory
+from repro.model.tokenizer import encode_strict
+from repro.recipes import resolve_path
+from repro.rollout.embedded import EmbeddedEngine
+from repro.rollout.fp8_view import FP8WeightView
+from repro.rollout.numerics import RolloutNumerics
+from repro.rollout.types import SamplingParams
 from repro.train.batch import build_batch
 from repro.train.embedded import EmbeddedTrainer
 
 TEMPERATURE = 0.8
-SCALE_SUFFIX = "_scale_inv"
+CAP = 2.0
+ALL_ON = RolloutNumerics(activation_quant=True, bf16_activations=True, kv_cache_fp8=True)
+CONFIGS = (  # label, rollout numerics, trainer dtype
+    ("weights only", RolloutNumerics(), "fp32"),
+    ("+ W8A8", RolloutNumerics(activation_quant=True), "fp32"),
+    ("+ BF16 act.", RolloutNumerics(activation_quant=True, bf16_activations=True), "fp32"),
+    ("+ FP8 KV cache", ALL_ON, "fp32"),
+    ("+ BF16 trainer", ALL_ON, "bf16"),
+)
+KEYS = (("k1", "kl"), ("k3", "k3_kl"), ("ess", "rollout_is_eff_sample_size"), ("max_w", "rollout_is_max"),
+        ("above_cap", "rollout_is_ratio_fraction_high"))
 
 
-def fp8_rollout_copy(trainer: EmbeddedTrainer, fmt: str = "e4m3fn") -> torch.nn.Module:
-    """A copy of the trainer's model whose quantised weights are FP8-rounded (dequantised to fp32)."""
-    state, scales = {}, {}
-    for name, tensor in quantize_tensors(trainer.named_weights(), fmt):
-        (scales if name.endswith(SCALE_SUFFIX) else state)[name] = tensor
-    for name, scale in scales.items():
-        weight = name[: -len(SCALE_SUFFIX)]
-        state[weight] = dequantize_block(state[weight], scale)
-    model = copy.deepcopy(trainer.model).float()
-    model.load_state_dict(state, strict=True)
-    return model, len(scales)
+def rollout_engine(model, tokenizer, trainer: EmbeddedTrainer, numerics: RolloutNumerics) -> EmbeddedEngine:
+    """An engine over an fp32 copy of ``model`` serving the trainer's weights through block FP8."""
+    engine = EmbeddedEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, 64, FP8WeightView(),
+                            numerics=replace(numerics, hooked=[]))
+    engine.update_weights(trainer.named_weights(), version=1)
+    return engine
 
 
-def sample_batch(model, prompts: list[list[int]], n: int, max_new_tokens: int, seed: int):
-    """Sample n responses per prompt from ``model``, then rescore them with a full forward recording routing."""
-    torch.manual_seed(seed)
-    input_ids = torch.tensor(prompts).repeat_interleave(n, dim=0)
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, do_sample=True, temperature=TEMPERATURE, top_p=1.0, top_k=0,
-                             max_new_tokens=max_new_tokens, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
-    trajectories = []
-    for row, ids in enumerate(out[:, input_ids.shape[1]:].tolist()):
-        finished = EOS_TOKEN_ID in ids
-        response = ids[: ids.index(EOS_TOKEN_ID) + 1] if finished else ids
-        reason = FinishReason.EOS if finished else FinishReason.LENGTH
-        trajectories.append(Trajectory(row // n, row % n, prompts[row // n], response,
-                                       torch.zeros(len(response)), reason, weight_version=0))
-    batch = build_batch(trajectories, torch.zeros(len(trajectories)), PAD_TOKEN_ID, with_routing=False)
-    with torch.no_grad(), RoutingRecorder(model) as recorder:
-        logits = model(input_ids=batch.input_ids, use_cache=False).logits
-    batch.routing = recorder.indices()
-    own = logprobs_from_logits(logits, batch.targets, TEMPERATURE)
-    batch.rollout_logprobs = torch.where(batch.response_mask, own, 0.0)
-    return batch
+@torch.no_grad()
+def rescore(engine: EmbeddedEngine, batch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """[B, T] log-probs of the batch's targets under the engine's numerics, and its routing [B, T, k] per layer."""
+    model = engine.model
+    cache = engine.numerics.wrap_cache(DynamicCache(config=model.config), model.config)
+    with RoutingRecorder(model) as recorder:
+        logits = model(input_ids=batch.input_ids, use_cache=True, **{engine._cache_argument: cache}).logits
+    logprobs = logprobs_from_logits(logits.float(), batch.targets, TEMPERATURE)
+    return torch.where(batch.response_mask, logprobs, 0.0), recorder.indices()
+
+
+@torch.no_grad()
+def routing_flips(trainer: EmbeddedTrainer, batch) -> float:
+    """Share of (response position, top-k layer) pairs where the trainer's own router picks other experts."""
+    with RoutingRecorder(trainer.model) as recorder:
+        trainer.model(input_ids=batch.input_ids, use_cache=False)
+    own = recorder.indices()
+    flips = [(own[k].sort(-1).values != batch.routing[k].sort(-1).values).any(-1)[batch.response_mask]
+             for k in batch.routing]
+    return float(torch.cat(flips).float().mean())
+
+
+def sample_fixed_batch(model, tokenizer, trainer, prompts, n: int, seed: int):
+    """The batch every configuration rescores, sampled with all numerics on; also its decode-time log-probs."""
+    engine = rollout_engine(model, tokenizer, trainer, ALL_ON)
+    result = engine.generate(prompts, SamplingParams(n=n, temperature=TEMPERATURE, max_new_tokens=16, seed=seed))
+    batch = build_batch(result.trajectories, torch.zeros(len(result.trajectories)), tokenizer.pad_token_id,
+                        with_routing=False)
+    decoded = torch.zeros(batch.input_ids.shape)
+    for row, traj in enumerate(result.trajectories):
+        start = len(traj.prompt_ids) - 1
+        decoded[row, start : start + len(traj.response_ids)] = traj.logprobs
+    rescored, _ = rescore(engine, batch)
+    # decoding token by token and rescoring in one forward use the same numerics; fp32 matmul order differs, and
+    # an FP8 rounding boundary turns that ~1e-6 into a flipped activation now and then (measured max 6e-3 with
+    # W8A8 alone, 3e-2 with everything on; 3e-6 with the numerics off)
+    gap = float((decoded - rescored)[batch.response_mask].abs().max())
+    return batch, gap
+
+
+def measure(model_dir, prompts_n: int, n: int, seed: int) -> tuple[list[dict], float]:
+    model, tokenizer = load_checkpoint(model_dir)
+    trainers = {dtype: EmbeddedTrainer(model_dir, temperature=TEMPERATURE, dtype=dtype) for dtype in ("fp32", "bf16")}
+    problems = train_problems(seed=seed, n=prompts_n)
+    prompts = [encode_strict(tokenizer, TINY_PROMPT_TEMPLATE.format(problem=p.problem)) for p in problems]
+    batch, decode_gap = sample_fixed_batch(model, tokenizer, trainers["fp32"], prompts, n, seed)
+    rows = []
+    for label, numerics, dtype in CONFIGS:
+        trainer = trainers[dtype]
+        batch.rollout_logprobs, batch.routing = rescore(rollout_engine(model, tokenizer, trainer, numerics), batch)
+        row = {"config": label, "seed": seed, "tokens": int(batch.response_mask.sum())}
+        for r3, replay in (("r3", True), ("no_r3", False)):
+            old = trainer.logprobs(batch, replay_routing=replay).logprobs
+            metrics = rollout_corr_metrics(old, batch.rollout_logprobs, batch.response_mask, "token", CAP)
+            row.update({f"{r3}/{short}": metrics[f"rollout_corr/{key}"] for short, key in KEYS})
+        row["routing_flip"] = routing_flips(trainer, batch)
+        rows.append(row)
+    return rows, decode_gap
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| source (cumulative) | R3 | k1 KL | k3 KL | ESS | max w | > 2.0 cap | routing differs |\n"
+            "|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for row in rows:
+        seeds = row["seed"] if isinstance(row["seed"], str) else f"seed {row['seed']}"
+        for r3 in ("r3", "no_r3"):
+            lines.append(
+                f"| {row['config']} ({seeds}) | {'on' if r3 == 'r3' else 'off'} | {row[f'{r3}/k1']:.2e} | "
+                f"{row[f'{r3}/k3']:.2e} | {100 * row[f'{r3}/ess']:.2f}% | {row[f'{r3}/max_w']:.3f} | "
+                f"{100 * row[f'{r3}/above_cap']:.3f}% | {100 * row['routing_flip']:.2f}% |")
+    return "\n".join(lines)
+
+
+def seed_means(rows: list[dict]) -> list[dict]:
+    """Per configuration, the mean of every number over the seeds (``seed`` becomes the seed count)."""
+    means = []
+    for label, _, _ in CONFIGS:
+        group = [r for r in rows if r["config"] == label]
+        mean = {k: sum(r[k] for r in group) / len(group) for k in group[0] if k not in ("config", "seed")}
+        means.append({**mean, "config": label, "seed": f"mean of {len(group)}"})
+    return means
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", default=None)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--model-dir", default="builtin:tiny-dsv4-warm")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--table-from", default=None, help="print the tables of a JSON written by --out, measure nothing")
     args = parser.parse_args()
+    if args.table_from:
+        with open(args.table_from) as f:
+            rows = json.load(f)
+        print(markdown(rows) + "\n\n" + markdown(seed_means(rows)))
+        return
     torch.set_num_threads(1)
     started = time.perf_counter()
-    tokenizer = build_tiny_tokenizer()
-    if args.model_dir:
-        model = args.model_dir
-    else:
-        from repro.model.warmstart import WarmStartConfig, train_steps
-
-        model = build_tiny_model(args.seed)
-        losses = train_steps(model, tokenizer, WarmStartConfig(batch_size=64), args.sft_steps)["losses"]
-        print(f"SFT {args.sft_steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    trainer = EmbeddedTrainer(model, temperature=TEMPERATURE)
-    rollout, num_fp8 = fp8_rollout_copy(trainer)
-    problems = train_problems(seed=args.seed, n=args.prompts)
-    prompts = [encode_strict(tokenizer, TINY_PROMPT_TEMPLATE.format(problem=p.problem)) for p in problems]
-    batch = sample_batch(rollout, prompts, args.n, max_new_tokens=16, seed=args.seed)
-    report = {"fp8_tensors": num_fp8, "rows": batch.num_rows, "response_tokens": int(batch.response_mask.sum())}
-    for label, replay in (("r3", True), ("no_replay", False)):
-        old = trainer.logprobs(batch, replay_routing=replay)
-        metrics = rollout_corr_metrics(old.logprobs, batch.rollout_logprobs, batch.response_mask, "token", 2.0)
-        for key in ("kl", "k3_kl", "rollout_is_eff_sample_size", "rollout_is_ratio_fraction_high", "rollout_is_max"):
-            report[f"{label}/rollout_corr/{key}"] = metrics[f"rollout_corr/{key}"]
-        if replay:
-            report["entropy"] = float(old.entropy[batch.response_mask].mean())
-    # How often the fp32 trainer's own router would pick other experts than the FP8 rollout did.
-    with torch.no_grad(), RoutingRecorder(trainer.model) as recorder:
-        trainer.model(input_ids=batch.input_ids, use_cache=False)
-    flips = [(recorder.indices()[k].sort(-1).values != batch.routing[k].sort(-1).values).any(-1)[batch.response_mask]
-             for k in batch.routing]
-    report["routing_flip_fraction"] = float(torch.cat(flips).float().mean())
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(report, indent=2))
+    rows = []
+    for seed in args.seeds:
+        seed_rows, gap = measure(resolve_path(args.model_dir), args.prompts, args.n, seed)
+        print(f"seed {seed}: decode vs rescore log-prob gap (all numerics on) max |d| = {gap:.2e}")
+        rows += seed_rows
+    print(markdown(rows))
+    if len(args.seeds) > 1:
+        print(markdown(seed_means(rows)))
+    print(f"{time.perf_counter() - started:.1f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

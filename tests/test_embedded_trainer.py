@@ -27,7 +27,7 @@ def base_model():
 def test_state_folder_loads_as_a_checkpoint_through_from_recipe(base_model, tmp_path):
     trainer = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8)
     trainer.save(tmp_path / "state")
-    recipe = load_recipe("tiny-cpu")
+    recipe = load_recipe("tiny-cpu", ["actor.dtype=fp32"])  # the saved trainer is fp32; tiny-cpu's own is bf16
     loaded = EmbeddedTrainer.from_recipe(recipe, model_dir=tmp_path / "state")
     assert loaded.temperature == recipe.rollout.temperature
     assert loaded.optim.lr == recipe.optim.lr and loaded.max_tokens == recipe.actor.max_tokens_per_micro_batch

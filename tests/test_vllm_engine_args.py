@@ -75,3 +75,13 @@ def test_cpu_lane_refuses_tensor_parallel():
     recipe = load_recipe("tiny-cpu", ["rollout.backend=vllm", "rollout.tensor_parallel=2"])
     with pytest.raises(VLLMConfigError, match="rollout.tensor_parallel=2"):
         engine_args_from_recipe(recipe, "/m")
+
+
+@pytest.mark.parametrize("override, says", [
+    ("rollout.activation_quant=none", "always quantises activations per token in groups of 128"),
+    ("rollout.activation_group=64", "activation_group=64"),
+    ("rollout.activation_dtype=fp32", "serves in bfloat16"),
+])
+def test_rollout_numerics_vllm_cannot_switch_are_refused(override, says):
+    with pytest.raises(VLLMConfigError, match=says):
+        engine_args_from_recipe(load_recipe("amd-dsv4-flash-mi308x", [override]), "/m")

@@ -131,6 +131,7 @@ class RolloutWorker:
         from repro.model.hf_folder import load_checkpoint
         from repro.rollout.embedded import EmbeddedEngine
         from repro.rollout.fp8_view import weight_view_for
+        from repro.rollout.numerics import RolloutNumerics
 
         model, tokenizer = load_checkpoint(model_dir)
         r = recipe.rollout
@@ -142,6 +143,7 @@ class RolloutWorker:
             max_context=recipe.lengths.max_context,
             weight_view=self.weight_view,
             record_routing=recipe.routing_replay.enabled,
+            numerics=RolloutNumerics.from_rollout(r),
         )
 
     def ready(self) -> None:

@@ -93,13 +93,17 @@ class RolloutConfig(Section):
     fp8_block: list[int] = Field([128, 128], min_length=2, max_length=2, description="Quantisation block (rows, cols) with one fp32 scale each.")
     fp8_scale: Literal["fp32", "ue8m0"] = Field("fp32", description="Block scale encoding: plain fp32, or power-of-two as DeepSeek's own V4 checkpoints.")
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="Fraction of GPU memory vLLM may take (AMD post: 0.90; LumenRL file: 0.92).")
-    kv_cache_dtype: Literal["fp8_e4m3", "auto"] = Field("fp8_e4m3", description="KV-cache dtype (DSV4's attention layout in vLLM needs FP8).")
+    kv_cache_dtype: Literal["fp8_e4m3", "auto"] = Field("fp8_e4m3", description="KV-cache dtype (DSV4's attention layout in vLLM needs FP8: fp8_ds_mla, e4m3 NoPE in 64-channel blocks with power-of-two scales, BF16 RoPE; the embedded engine emulates it).")
     max_num_seqs: int = Field(48, ge=1, description="Sequences decoded concurrently per replica.")
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (chunked prefill).")
     enforce_eager: bool = Field(True, description="Disable graph capture (AMD/LumenRL run eager).")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature of training rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of training rollouts (1 = off).")
     top_k: int = Field(-1, description="Top-k sampling of training rollouts (-1 = off).")
+    activation_quant: Literal["fp8_per_token_group", "none"] = Field("fp8_per_token_group", description="W8A8: activations entering each block-FP8 linear are quantised per token in groups of activation_group channels with a dynamic scale (vLLM fp8_per_block; applies with weight_format fp8_block only; the embedded engine emulates it, vLLM always does it).")
+    activation_group: int = Field(128, ge=1, description="Channels per activation scale for activation_quant (vLLM/DeepSeek: 128; a narrower row is one group).")
+    activation_dtype: Literal["bf16", "fp32"] = Field("bf16", description="Dtype of every GEMM output and of the hidden streams between layers in the rollout (vLLM serves in BF16; the embedded engine rounds to it).")
+
 
 
 class LengthConfig(Section):

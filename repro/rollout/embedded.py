@@ -28,6 +28,7 @@ from repro.errors import ReproError
 from repro.model import layouts
 from repro.model.served import ServedWeights, check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
+from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 from repro.sync import SyncGate
 
@@ -54,8 +55,12 @@ class EmbeddedEngine:
         max_context: int,
         weight_view: WeightView = _identity_view,
         record_routing: bool = True,
+        numerics: RolloutNumerics | None = None,
     ):
         self.model = copy.deepcopy(model).eval()
+        # vLLM's serving numerics beyond the weights (W8A8, BF16 activations, FP8 KV cache): hooks on this copy
+        self.numerics = numerics or RolloutNumerics()
+        self.numerics.install(self.model)
         self.eos_id, self.pad_id, self.max_context = eos_id, pad_id, max_context
         self.weight_view = weight_view
         self.record_routing = record_routing and self._has_topk_routers()
@@ -182,7 +187,7 @@ class EmbeddedEngine:
 
     def _decode(self, ids: torch.Tensor, max_new: int, params: SamplingParams, generator) -> list[Trajectory]:
         rows, prompt_len = ids.shape
-        cache = DynamicCache(config=self.model.config)
+        cache = self.numerics.wrap_cache(DynamicCache(config=self.model.config), self.model.config)
         recorder = RoutingRecorder(self.model) if self.record_routing else None
         tokens, logprobs = [], []
         finished = torch.zeros(rows, dtype=torch.bool)

@@ -132,9 +132,18 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
             raise VLLMConfigError(
                 f"rollout.fp8_scale={r.fp8_scale!r}: vLLM's online block FP8 keeps fp32 scales (no ue8m0)"
             )
+        if r.activation_quant != "fp8_per_token_group" or r.activation_group != 128:
+            raise VLLMConfigError(
+                f"rollout.activation_quant={r.activation_quant!r}, activation_group={r.activation_group}: vLLM's "
+                "fp8_per_block always quantises activations per token in groups of 128 (only the embedded engine "
+                "can switch that off)"
+            )
         quantization = "fp8_per_block"
     else:
         quantization = None
+    if r.activation_dtype != "bf16":
+        raise VLLMConfigError(f"rollout.activation_dtype={r.activation_dtype!r}: this mapping serves in bfloat16 "
+                              "(dtype above); fp32 activations are the embedded engine's")
     args.update(
         tensor_parallel_size=r.tensor_parallel,
         quantization=quantization,
