@@ -60,6 +60,11 @@ class RayTrainerGroup:
         batch = self._shared(batch)
         return wait_all([r.train_step.remote(batch) for r in self.ranks], self.names, "train_step", self.timeout_s)[0]
 
+    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
+        batch = self._shared(batch)
+        return wait_all([r.scored_train_step.remote(batch) for r in self.ranks], self.names, "scored_train_step",
+                        self.timeout_s)[0]
+
     def send_weights(self, version: int) -> "RaySend":
         """Started on every rank: rank 0's reference to its buckets, and the other ranks' part of the gather."""
         refs = [r.send_weights.remote(version) for r in self.ranks]

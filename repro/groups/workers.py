@@ -49,6 +49,9 @@ class TrainerWorker:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.trainer.train_step(batch)
 
+    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
+        return self.trainer.scored_train_step(batch)
+
     def send_weights(self, version: int) -> list[Bucket]:
         """The whole model in buckets (a Megatron trainer: on rank 0; its other ranks return [])."""
         weights = list(self.trainer.named_weights())

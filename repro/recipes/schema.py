@@ -61,6 +61,7 @@ class ActorConfig(Section):
     optimizer_cpu_offload: bool = Field(True, description="Keep optimizer state in host memory (AMD: offloaded to CPU).")
     max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
     model_provider: str | None = Field(None, description="Megatron backend: 'package.module:function' building a rank's model (None: must be set to launch; docs/megatron-dsv4.md).")
+    old_logprobs_from_update: bool = Field(True, description="Embedded trainer: take pi_old from the update's own first forward when that is exact (one update per step, a non-rejecting correction mode); false, or otherwise: a separate rescoring pass.")
 
 
 class OptimConfig(Section):
