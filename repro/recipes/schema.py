@@ -36,6 +36,7 @@ class ClusterConfig(Section):
     accelerator: Literal["rocm", "cuda", "cpu"] = Field("rocm", description="Accelerator the recipe expects (AMD: ROCm 7.2, MI308X gfx942).")
     ray_address: str | None = Field("auto", description="Ray cluster to join; 'auto' finds a running one, null starts a local instance.")
     versions: ClusterVersions = Field(default_factory=ClusterVersions, description="Software the cluster runs; `repro check` compares against it.")
+    cpu_threads_per_worker: int = Field(1, ge=1, description="CPU mode: torch threads of each Ray worker. The loop runs one phase at a time, so the running worker may use every core; above 1 idle threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning against the other worker.")
 
 
 class ModelConfig(Section):
