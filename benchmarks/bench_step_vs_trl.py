@@ -12,7 +12,11 @@ TRL lives in its own venv so the project's pins stay intact; ``--setup`` builds 
 trl 1.16, the lock's transformers), and a side's run is a subprocess: ``benchmarks/trl_side/grpo_steps.py``.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_step_vs_trl.py --setup
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_step_vs_trl.py [--runs 5] [--steps 12] [--repro-set K=V ...]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_step_vs_trl.py [--runs 5] [--steps 12] [--in-process]
+        [--variant 'LABEL|TREE|field=value,field=value' ...]
+
+A variant is repro run from checkout TREE (empty: this one; another worktree gives a "before" column) with those
+recipe overrides; several variants are interleaved with TRL in every run, and each is compared to TRL.
 """
 
 from __future__ import annotations
@@ -45,7 +49,12 @@ def child_env(threads: int) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "RAY_AUTH_MODE": "disabled"}
 
 
-def repro_step_seconds(steps: int, overrides: list[str], in_process: bool, threads: int) -> list[float]:
+def parse_variant(text: str) -> tuple[str, Path, list[str]]:
+    label, tree, overrides = (text.split("|") + ["", ""])[:3]
+    return label, Path(tree).resolve() if tree else REPO, [o for o in overrides.split(",") if o]
+
+
+def repro_step_seconds(steps: int, tree: Path, overrides: list[str], in_process: bool, threads: int) -> list[float]:
     with tempfile.TemporaryDirectory() as run_dir:
         command = [sys.executable, "-m", "repro", "run", "--recipe", "tiny-cpu", "--steps", str(steps), "--quiet",
                    "--run-dir", run_dir, "--set", "eval.at_start=false", "--set", "eval.every_steps=1000",
@@ -54,7 +63,8 @@ def repro_step_seconds(steps: int, overrides: list[str], in_process: bool, threa
             command += ["--set", item]
         if in_process:
             command.append("--in-process")
-        subprocess.run(command, check=True, cwd=REPO, env=child_env(threads), stdout=subprocess.DEVNULL)
+        env = {**child_env(threads), "PYTHONPATH": str(tree)}
+        subprocess.run(command, check=True, cwd=tree, env=env, stdout=subprocess.DEVNULL)
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["timing_s/step"] for r in rows if r["kind"] == "train"]
 
@@ -80,27 +90,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of TRL and of an in-process repro")
     parser.add_argument("--in-process", action="store_true", help="repro without Ray (its groups in one process)")
-    parser.add_argument("--repro-set", action="append", default=[], help="recipe override for repro, repeatable")
+    parser.add_argument("--variant", action="append", default=[], help="'LABEL|TREE|k=v,k=v', repeatable")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's, off by default")
     args = parser.parse_args()
     if args.setup:
         setup()
         return
+    variants = [parse_variant(v) for v in args.variant] or [("repro", REPO, [])]
     load_before = os.getloadavg()
-    medians: dict[str, list[float]] = {"repro": [], "trl": []}
+    medians: dict[str, list[float]] = {label: [] for label, _, _ in variants} | {"TRL": []}
     for run in range(args.runs):
-        repro = repro_step_seconds(args.steps, args.repro_set, args.in_process, args.threads)[1:]
-        trl = trl_step_seconds(args.steps, args.threads, args.gradient_checkpointing)[1:]
-        medians["repro"].append(statistics.median(repro))
-        medians["trl"].append(statistics.median(trl))
-        print(f"run {run + 1}: repro {medians['repro'][-1]:.3f} s/step, TRL {medians['trl'][-1]:.3f} s/step, "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
-    repro, trl = statistics.median(medians["repro"]), statistics.median(medians["trl"])
+        for label, tree, overrides in variants:
+            times = repro_step_seconds(args.steps, tree, overrides, args.in_process, args.threads)[1:]
+            medians[label].append(statistics.median(times))
+        medians["TRL"].append(statistics.median(trl_step_seconds(args.steps, args.threads,
+                                                                 args.gradient_checkpointing)[1:]))
+        print(f"run {run + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in medians.items())
+              + f" s/step; load {os.getloadavg()[0]:.2f}", flush=True)
+    trl = statistics.median(medians["TRL"])
     side = "in-process" if args.in_process else "on Ray"
     print(f"load average before {load_before[0]:.2f} / after {os.getloadavg()[0]:.2f}; {args.runs} interleaved runs, "
-          f"median of steps 2-{args.steps}; repro {side} with {args.repro_set or 'the tiny recipe as is'}")
-    print(f"repro {repro:.3f} s/step   TRL {trl:.3f} s/step   repro / TRL = {repro / trl:.2f}x")
-
+          f"median of steps 2-{args.steps}, then over runs; repro {side}")
+    print(f"{'side':40s} {'s/step':>8s} {'/ TRL':>7s}")
+    for label, tree, overrides in variants:
+        value = statistics.median(medians[label])
+        print(f"{label + ' ' + ','.join(overrides):40s} {value:8.3f} {value / trl:6.2f}x")
+    print(f"{'TRL 1.16 GRPOTrainer':40s} {trl:8.3f} {1.0:6.2f}x")
 
 if __name__ == "__main__":
     main()
