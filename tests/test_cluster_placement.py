@@ -245,3 +245,10 @@ def _wait_until_dead(actor, timeout_s: float = 60.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"the actor still answers {timeout_s:g} s after ray.kill")
+
+
+def test_cpu_workers_sleep_their_idle_threads_only_when_they_have_several():
+    from repro.groups.ray_groups import cpu_worker_env
+
+    assert cpu_worker_env(1) == {"OMP_NUM_THREADS": "1"}
+    assert cpu_worker_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-from repro.recipes.schema import AlgorithmConfig, OptimConfig
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, RolloutCorrectionConfig
 from repro.model.tiny import build_tiny_model
 from repro.recipes import load_recipe
 from repro.train.base import TrainerError
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import old_logprobs_from_update
 from repro.train.optimizer import warmup_constant_lr
 from test_trainer_contract import make_batch, one_thread, with_old_logprobs  # noqa: F401 (fixture)
 
@@ -91,3 +93,36 @@ def test_warmup_ramps_linearly_then_holds():
     optim = OptimConfig(lr=1e-4, warmup_steps=4)
     assert [warmup_constant_lr(optim, k) for k in range(6)] == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4])
     assert warmup_constant_lr(OptimConfig(lr=1e-4), 0) == 1e-4
+
+
+@pytest.mark.parametrize("max_tokens", [16384, 40])  # one micro-batch, and several of differing widths
+def test_old_logprobs_from_the_update_equal_a_separate_rescoring(base_model, max_tokens):
+    """One update per step: pi_old from the update's own forward (and a no-grad pass over the zero-advantage rows
+    it skips) is the separate rescoring's numbers exactly, and so are the update's metrics and new weights."""
+    batch = make_batch(base_model)
+    assert (batch.advantages == 0).any() and (batch.advantages != 0).any()
+    separate = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, max_tokens_per_micro_batch=max_tokens)
+    fused = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, max_tokens_per_micro_batch=max_tokens)
+    for _ in range(2):  # the second step starts from the updated weights
+        rescored = separate.logprobs(batch)
+        expected = separate.train_step(replace(batch, old_logprobs=rescored.logprobs))
+        scores, metrics = fused.scored_train_step(batch)
+        assert torch.equal(scores.logprobs, rescored.logprobs) and torch.equal(scores.entropy, rescored.entropy)
+        assert metrics == expected and metrics["actor/num_rows_skipped_zero_adv"] > 0
+    for (name, a), (_, b) in zip(separate.named_weights(), fused.named_weights()):
+        assert torch.equal(a, b), name
+
+
+def test_old_logprobs_from_the_update_are_refused_where_they_would_be_stale(base_model):
+    batch = make_batch(base_model)
+    two_updates = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, algorithm=AlgorithmConfig(updates_per_step=2))
+    with pytest.raises(TrainerError, match="updates_per_step=2"):
+        two_updates.scored_train_step(batch)
+    rejecting = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM,
+                                rollout_correction=RolloutCorrectionConfig(mode="token_mask"))
+    with pytest.raises(TrainerError, match="token_mask"):
+        rejecting.scored_train_step(batch)
+    recipe = load_recipe("tiny-cpu")
+    assert old_logprobs_from_update(recipe)
+    assert not old_logprobs_from_update(load_recipe("tiny-cpu", ["actor.old_logprobs_from_update=false"]))
+    assert not old_logprobs_from_update(load_recipe("tiny-cpu", ["algorithm.updates_per_step=2"]))

@@ -59,8 +59,9 @@ def test_uninterrupted_run_logs_every_step_and_eval(uninterrupted):
                 "rollout_corr/rollout_is_eff_sample_size", "actor/loss", "actor/grad_norm", "actor/entropy",
                 "actor/pg_clipfrac", "response_length/mean", "response_length/max", "response_length/clip_ratio",
                 "perf/rollout_tokens_per_s", "weight_sync/gbps", "timing_s/rollout", "timing_s/reward",
-                "timing_s/old_logprob", "timing_s/update", "timing_s/sync", "timing_s/step"):
+                "timing_s/update", "timing_s/sync", "timing_s/step"):
         assert key in train_row, key
+    assert "timing_s/old_logprob" not in train_row  # pi_old came from the update's own forward (one update/step)
     assert train_row["critic/score/mean"] == pytest.approx(2 * train_row["reward/accuracy"] - 1)
     assert rows[0]["eval/num_problems"] == 30 and len(rows[0]["eval/correct_counts"]) == 30
     assert rows[0]["eval/avg@2"] == sum(rows[0]["eval/correct_counts"]) / 60

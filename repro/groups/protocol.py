@@ -32,6 +32,10 @@ class TrainerGroup(Protocol):
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One step of updates on ``batch`` (its ``old_logprobs`` set); returns verl-named ``actor/*`` metrics."""
 
+    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
+        """One update on ``batch`` (no ``old_logprobs``), pi_old from its own forward: (pi_old, metrics). Only
+        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the embedded trainer)."""
+
     def send_weights(self, version: int) -> Any:
         """Start sending every weight, tagged ``version``; the result goes to ``RolloutGroup.receive_weights``."""
 

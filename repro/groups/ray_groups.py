@@ -64,6 +64,11 @@ class RayTrainerGroup:
         batch = self._shared(batch)
         return wait_all([r.train_step.remote(batch) for r in self.ranks], self.names, "train_step", self.timeout_s)[0]
 
+    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
+        batch = self._shared(batch)
+        return wait_all([r.scored_train_step.remote(batch) for r in self.ranks], self.names, "scored_train_step",
+                        self.timeout_s)[0]
+
     def send_weights(self, version: int) -> "RaySend":
         """Started on every rank (senders broadcast on their sync groups, the others help gather): the senders'
         group addresses, and the calls, which must finish too."""
@@ -154,12 +159,21 @@ def start_groups(placement: Placement, recipe: Recipe, model_dir: Path) -> tuple
     """The recipe's trainer rank(s) and its rollout replica, started in their bundles (not yet waited for)."""
     check_group_sizes(recipe)
     spec = recipe.model_dump(mode="json")
-    # one thread per worker: each holds one CPU bundle, and oversubscribed small matmuls crawl
-    env = {"OMP_NUM_THREADS": "1"} if recipe.cluster.gpus_per_node == 0 else None
+    env = cpu_worker_env(recipe.cluster.cpu_threads_per_worker) if recipe.cluster.gpus_per_node == 0 else None
     trainer = start_trainer_ranks(placement, spec, str(model_dir),
                                   per_node=recipe.actor.num_workers // recipe.actor.nodes, env=env)
     rollout = RayRolloutGroup(start_actor(placement, ROLLOUT, 0, RolloutWorker, (spec, str(model_dir)), env=env))
     return trainer, rollout
+
+
+def cpu_worker_env(threads: int) -> dict[str, str]:
+    """A CPU worker's OpenMP settings. The workers take turns (rollout, then trainer, then sync), so each may
+    use every core while its phase runs; OpenMP's idle threads spin by default, though, which would steal the
+    cores from the other worker's phase, so with more than one thread they are told to sleep instead."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if threads > 1:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
 
 
 def check_group_sizes(recipe: Recipe) -> None:

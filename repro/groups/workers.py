@@ -77,6 +77,9 @@ class TrainerWorker:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.trainer.train_step(batch)
 
+    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
+        return self.trainer.scored_train_step(batch)
+
     def sender_index(self) -> int | None:
         """Which sync sender this rank is (None: it only helps gather). A Megatron world sends from rank 0,
         which ``named_weights`` gathers the model to; the embedded trainer is one rank."""

@@ -38,6 +38,7 @@ class ClusterConfig(Section):
     host_memory_gb: float | None = Field(None, gt=0, description="Host RAM of one node in GB, for the dry run's budget of the offloaded optimizer; null: unknown (AMD does not state it; `repro check` measures it).")
     ray_address: str | None = Field("auto", description="Ray cluster to join; 'auto' finds a running one, null starts a local instance.")
     versions: ClusterVersions = Field(default_factory=ClusterVersions, description="Software the cluster runs; `repro check` compares against it.")
+    cpu_threads_per_worker: int = Field(1, ge=1, description="CPU mode: torch threads of each Ray worker. The loop runs one phase at a time, so the running worker may use every core; above 1 idle threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning against the other worker.")
 
 
 class ModelConfig(Section):
@@ -72,6 +73,7 @@ class ActorConfig(Section):
     num_layers_in_last_pipeline_stage: int | None = Field(10, ge=1, description="Layers on the last pipeline stage; null: an even split. The middle stages share the rest evenly.")
     max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
     model_provider: str | None = Field(None, description="Megatron backend: 'package.module:function' building a rank's model (None: must be set to launch; docs/megatron-dsv4.md).")
+    old_logprobs_from_update: bool = Field(True, description="Embedded trainer: take pi_old from the update's own first forward when that is exact (one update per step, a non-rejecting correction mode); false, or otherwise: a separate rescoring pass.")
 
 
 class OptimConfig(Section):

@@ -1,4 +1,9 @@
-"""What a rollout engine returns: one record per sampled response, whichever backend produced it."""
+"""What a rollout engine returns: one record per sampled response, whichever backend produced it.
+
+A ``RolloutResult`` crosses process boundaries (rollout actor -> driver on Ray) as a few stacked tensors plus
+offsets (``pack_trajectories``), not as one pickled object per trajectory: 256 trajectories hold ~1,000 small
+tensors, and pickling each one costs far more than its bytes (issue 19).
+"""
 
 from __future__ import annotations
 
@@ -53,12 +58,77 @@ class Trajectory:
 
 @dataclass
 class RolloutResult:
-    """Trajectories in prompt-major order (prompt 0's n samples, then prompt 1's ...) and how long it took."""
+    """Trajectories in prompt-major order (prompt 0's n samples, then prompt 1's ...) and how long it took.
+
+    Pickled as stacked tensors (``pack_trajectories``); unpickled trajectories hold views into those tensors."""
 
     trajectories: list[Trajectory]
     generated_tokens: int
     seconds: float
 
+    def __getstate__(self) -> dict:
+        return {"packed": pack_trajectories(self.trajectories), "generated_tokens": self.generated_tokens,
+                "seconds": self.seconds}
+
+    def __setstate__(self, state: dict) -> None:
+        self.trajectories = unpack_trajectories(state["packed"])
+        self.generated_tokens = state["generated_tokens"]
+        self.seconds = state["seconds"]
+
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+FINISH_CODES = {reason: code for code, reason in enumerate(FinishReason)}
+
+
+def pack_trajectories(trajectories: list[Trajectory]) -> dict:
+    """The trajectories as a few concatenated tensors and their per-trajectory lengths (N = len(trajectories)).
+
+    Trajectories whose tensors do not stack (log-probs of differing dtypes, routing over differing layers or
+    dtypes) are kept as they are under ``"objects"``; nothing is converted, so unpacking gives equal values,
+    dtypes and shapes."""
+    if not trajectories:
+        return {"objects": []}
+    first = trajectories[0]
+    layers = sorted(first.routing)
+    stackable = all(
+        t.logprobs.dtype == first.logprobs.dtype and t.logprobs.dim() == 1 and sorted(t.routing) == layers
+        and all(t.routing[k].dtype == first.routing[k].dtype and t.routing[k].dim() == 2
+                and t.routing[k].shape[1] == first.routing[k].shape[1] for k in layers)
+        for t in trajectories
+    )
+    if not stackable:
+        return {"objects": list(trajectories)}
+    ints = torch.tensor([[t.prompt_index, t.sample_index, t.weight_version, FINISH_CODES[t.finish_reason],
+                          len(t.prompt_ids), len(t.response_ids)] for t in trajectories], dtype=torch.int64)
+    return {
+        "ints": ints,  # [N, 6]: prompt_index, sample_index, weight_version, finish code, prompt len, response len
+        "tokens": torch.tensor([i for t in trajectories for i in (*t.prompt_ids, *t.response_ids)], dtype=torch.int64),
+        "logprobs": torch.cat([t.logprobs for t in trajectories]),
+        "routing_rows": torch.tensor([[t.routing[k].shape[0] for k in layers] for t in trajectories],
+                                     dtype=torch.int64).reshape(len(trajectories), len(layers)),
+        "routing": {k: torch.cat([t.routing[k] for t in trajectories]) for k in layers},
+    }
+
+
+def unpack_trajectories(packed: dict) -> list[Trajectory]:
+    """Inverse of ``pack_trajectories``: equal trajectories whose tensors are views into the packed ones."""
+    if "objects" in packed:
+        return list(packed["objects"])
+    ints = packed["ints"].tolist()
+    lengths = [p + r for *_, p, r in ints]
+    tokens = packed["tokens"].tolist()
+    logprobs = packed["logprobs"].split([r for *_, r in ints])
+    layers = list(packed["routing"])
+    routing_rows = packed["routing_rows"].T.tolist()
+    routing = {k: packed["routing"][k].split(rows) for k, rows in zip(layers, routing_rows)}
+    reasons = list(FinishReason)
+    out, start = [], 0
+    for i, (prompt_index, sample_index, version, code, prompt_len, _) in enumerate(ints):
+        seq = tokens[start : start + lengths[i]]
+        start += lengths[i]
+        out.append(Trajectory(prompt_index, sample_index, seq[:prompt_len], seq[prompt_len:], logprobs[i],
+                              reasons[code], version, {k: routing[k][i] for k in layers}))
+    return out

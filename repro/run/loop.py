@@ -1,10 +1,10 @@
 """The RL loop of AMD's DeepSeek-V4-Flash recipe: GRPO with an FP8 rollout, R3 and token-level TIS.
 
 Each step: 32 prompts -> 8 responses each from the rollout (FP8 weights, routing recorded) -> DAPO reward ->
-GRPO advantages -> the trainer rescores with the rollout's routing replayed (old log-probs) -> mismatch
-metrics (KL, ESS) -> one update with truncated importance weights (cap 2.0) -> the new weights are sent to
-the rollout in buckets and re-quantised to FP8 there -> log. Every 25 steps (and at step 0): evaluate avg@8
-on the held-out set, then checkpoint.
+GRPO advantages -> one update with truncated importance weights (cap 2.0), the old log-probs from the trainer
+with the rollout's routing replayed (from the update's own forward when exact) -> mismatch metrics (KL, ESS)
+-> the new weights are sent to the rollout in buckets and re-quantised to FP8 there -> log. Every 25 steps
+(and at step 0): evaluate avg@8 on the held-out set, then checkpoint.
 
 Where this departs from the published run, and why: on a CPU the trainer is the embedded torch trainer and
 the rollout the embedded engine (the Megatron-core and vLLM backends implement the same calls); everything
@@ -19,7 +19,7 @@ from __future__ import annotations
 from repro.run.state import Run
 from repro.run.steps import (
     StepClock, evaluate_and_log, generate_rollouts, log_step, make_train_batch, mismatch_metrics,
-    rescore_with_replay, save_checkpoint_now, score_rollouts, sync_weights,
+    save_checkpoint_now, score_rollouts, sync_weights, update_policy,
 )
 
 
@@ -34,11 +34,10 @@ def train(run: Run) -> None:
         rollout = clock.time("rollout", generate_rollouts, run, problems, step)
         rewards = clock.time("reward", score_rollouts, run, problems, rollout)
         grouped = make_train_batch(run, rollout, rewards)
-        batch = clock.time("old_logprob", rescore_with_replay, run, grouped.batch)
-        mismatch = mismatch_metrics(run, batch)
-        update = clock.time("update", run.trainer.train_step, batch)
+        updated = update_policy(run, clock, grouped.batch)
+        mismatch = mismatch_metrics(run, updated.batch)
         sync = clock.time("sync", sync_weights, run.trainer, run.rollout, step)
-        log_step(run, step, clock, rollout, rewards, grouped, mismatch, update, sync)
+        log_step(run, step, clock, rollout, rewards, grouped, mismatch, updated.metrics, sync)
         if step % recipe.eval.every_steps == 0 or step == recipe.steps:
             evaluate_and_log(run, step)
         if step % recipe.checkpoint.every_steps == 0 or step == recipe.steps:

@@ -21,6 +21,7 @@ from repro.run.checkpoints import driver_rng_state, save_checkpoint
 from repro.run.state import Run
 from repro.sync import SyncStats
 from repro.train.batch import TrainBatch, build_batch
+from repro.train.grpo_update import old_logprobs_from_update
 
 
 class StepClock:
@@ -88,6 +89,25 @@ def rescore_with_replay(run: Run, batch: TrainBatch) -> TrainBatch:
     """π_old: ``batch`` with the trainer's own log-probs of the sampled tokens, the rollout's experts replayed (R3)."""
     result = run.trainer.logprobs(batch, run.recipe.routing_replay.enabled)
     return replace(batch, old_logprobs=result.logprobs)
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """The batch with its π_old log-probs, and the update's ``actor/*`` metrics."""
+
+    batch: TrainBatch
+    metrics: dict[str, float]
+
+
+def update_policy(run: Run, clock: StepClock, batch: TrainBatch) -> PolicyUpdate:
+    """π_old (routing replayed), then the step's update(s). With one update per step the update's own first
+    forward gives π_old of the rows it forwards -- the same numbers a separate pass gives -- and only the rows
+    it skips get a no-grad pass (timed as ``update``); otherwise a separate rescoring first (``old_logprob``)."""
+    if old_logprobs_from_update(run.recipe):
+        scores, metrics = clock.time("update", run.trainer.scored_train_step, batch)
+        return PolicyUpdate(replace(batch, old_logprobs=scores.logprobs), metrics)
+    batch = clock.time("old_logprob", rescore_with_replay, run, batch)
+    return PolicyUpdate(batch, clock.time("update", run.trainer.train_step, batch))
 
 
 def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:

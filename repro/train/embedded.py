@@ -8,6 +8,7 @@ this class runs its forwards and backwards with plain torch -- token-budget micr
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +20,7 @@ from repro.model.routing import RoutingReplay, topk_routers
 from repro.model.served import export_weights, served_weights
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train import trainer_state as saved_state
-from repro.train.base import LogprobResult
+from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches
 from repro.train.batch_checks import check_batch
 from repro.train.grpo_update import (
@@ -114,36 +115,80 @@ class EmbeddedTrainer:
     def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
         """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response)."""
         check_batch(batch, self.routers, need_old=False, replay=replay_routing, caller="logprobs")
-        logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        entropy = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        start = 0
-        for micro in micro_batches(batch, self.max_tokens):
-            rows, width = micro.input_ids.shape
-            logits = self._forward(micro, replay_routing)
-            mask = micro.response_mask
-            lp = logprobs_from_logits(logits, micro.targets, self.temperature)
-            ent = entropy_from_logits(logits, self.temperature)
-            logprobs[start : start + rows, :width] = torch.where(mask, lp, 0.0)
-            entropy[start : start + rows, :width] = torch.where(mask, ent, 0.0)
-            start += rows
-        return LogprobResult(logprobs, entropy)
+        scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
+        for rows in self._scoring_row_groups(batch):
+            start = 0
+            for micro in micro_batches(batch.rows(rows), self.max_tokens):
+                logits = self._forward(micro, replay_routing)
+                mask = micro.response_mask
+                lp = logprobs_from_logits(logits, micro.targets, self.temperature)
+                ent = entropy_from_logits(logits, self.temperature)
+                write_scores(scores, rows[start : start + micro.num_rows], torch.where(mask, lp, 0.0),
+                             torch.where(mask, ent, 0.0))
+                start += micro.num_rows
+        return scores
+
+    def _scoring_row_groups(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """[r] row indices per group, scored in this order: with one update per step, the rows the update will
+        forward, in its micro-batches, then the rest. A forward's rounding depends on its micro-batch's shape, so
+        only then is pi_old the very computation of the update's first forward (ratio exactly 1, and the same
+        numbers ``scored_train_step`` takes from that forward); otherwise all rows in order."""
+        every_row = torch.arange(batch.num_rows)
+        if not self.grpo.scores_in_update or batch.advantages.shape != (batch.num_rows,):
+            return [every_row]
+        plan = self.grpo.plan(replace(batch, old_logprobs=None), UpdateStats())
+        if plan is None:
+            return [every_row]
+        rest = torch.ones(batch.num_rows, dtype=torch.bool).index_fill(0, plan.rows, False).nonzero().squeeze(1)
+        return [plan.rows, rest] if len(rest) else [plan.rows]
 
     # ---- training ------------------------------------------------------------------------------------------
 
-    def _accumulate_gradients(self, batch: TrainBatch) -> UpdateStats:
-        """Backward the update's loss over ``batch`` into the parameters' ``.grad`` (zeroed first)."""
+    def _accumulate_gradients(self, batch: TrainBatch, scores: LogprobResult | None = None) -> UpdateStats:
+        """Backward the update's loss over ``batch`` into the parameters' ``.grad`` (zeroed first).
+
+        With ``scores`` ([B, T] tensors, filled here) and no ``batch.old_logprobs``: pi_old of each forwarded row
+        is its own log-probs from this forward (detached; the ratio is then exactly 1, as after a separate
+        rescoring), and the rows the update skips are scored by a no-grad pass, for the metrics only."""
         self.opt.zero_grad()
         stats = UpdateStats()
         plan = self.grpo.plan(batch, stats)
-        if plan is None:
-            return stats
-        for micro in micro_batches(batch.rows(plan.rows), self.max_tokens):
+        forwarded = plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64)
+        start = 0
+        for micro in micro_batches(batch.rows(forwarded), self.max_tokens) if plan is not None else []:
             logits = self._forward(micro, self.replay_routing)
             logp = logprobs_from_logits(logits, micro.targets, self.temperature)
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), self.temperature)
+                if scores is not None:
+                    micro = replace(micro, old_logprobs=torch.where(micro.response_mask, logp.detach(), 0.0))
+                    rows = forwarded[start : start + micro.num_rows]
+                    start += micro.num_rows
+                    write_scores(scores, rows, micro.old_logprobs, torch.where(micro.response_mask, entropy, 0.0))
             self.grpo.micro_loss(micro, logp, entropy, plan, stats).backward()
+        if scores is not None:
+            skipped = torch.ones(batch.num_rows, dtype=torch.bool).index_fill(0, forwarded, False).nonzero().squeeze(1)
+            if len(skipped):
+                rest = self.logprobs(batch.rows(skipped), self.replay_routing)
+                write_scores(scores, skipped, rest.logprobs, rest.entropy)
         return stats
+
+    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
+        """``train_step`` on a batch without ``old_logprobs``: pi_old comes from the update's own first forward
+        (rows it skips get a no-grad pass). Returns pi_old's [B, T] log-probs and entropies -- the numbers
+        ``logprobs(batch, replay_routing)`` gives -- and the metrics. Only where that is exact: one update per
+        step, a non-rejecting correction mode (``repro.train.grpo_update.old_logprobs_from_update``)."""
+        if not self.grpo.scores_in_update:
+            raise TrainerError(
+                f"scored_train_step: algorithm.updates_per_step={self.grpo.algorithm.updates_per_step} and "
+                f"rollout_correction.mode={self.grpo.correction.mode!r} need pi_old from a separate pass first")
+        check_batch(batch, self.routers, need_old=False, replay=self.replay_routing, caller="scored_train_step")
+        scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
+        metrics = run_train_step(self.grpo, self.optim, replace(batch, old_logprobs=None), self.updates,
+                                 lambda rows: self._accumulate_gradients(rows, scores), self.opt.step)
+        self.updates += 1
+        self.step += 1
+        return scores, metrics
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """``updates_per_step`` AdamW updates on ``batch``; returns verl-named metrics (means over updates).
@@ -184,3 +229,10 @@ class EmbeddedTrainer:
 
     def load(self, directory: str | Path) -> None:
         saved_state.load_trainer(self, directory)
+
+
+def write_scores(scores: LogprobResult, rows: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor) -> None:
+    """Put [r, t] log-probs and entropies of ``rows`` ([r] indices) into the [B, T] ``scores`` (t <= T)."""
+    width = logprobs.shape[1]
+    scores.logprobs[rows, :width] = logprobs
+    scores.entropy[rows, :width] = entropy

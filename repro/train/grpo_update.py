@@ -30,6 +30,7 @@ from repro.train.batch import TrainBatch
 from repro.train.optimizer import warmup_constant_lr
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+REJECTING_MODES = ("token_mask", "sequence_mask")  # their kept tokens depend on pi_old, needed before any forward
 COUNT_METRICS = ("actor/num_rows_skipped_zero_adv", "actor/micro_batches")  # summed over updates, not averaged
 
 
@@ -73,6 +74,16 @@ def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: A
         )
 
 
+def old_logprobs_from_update(recipe: Recipe) -> bool:
+    """Whether the update's own first forward can give pi_old (the separate rescoring pass then scores only the
+    rows the update skips). Exact when there is one update per step: the policy that forwards is still the one
+    that would have rescored, so the log-probs are the same numbers. Not with several updates per step (later
+    updates need the pre-update policy) nor with a rejecting correction mode (its kept tokens, and with them the
+    update's normaliser, depend on pi_old of every row before the first forward)."""
+    return (recipe.actor.backend == "embedded" and recipe.actor.old_logprobs_from_update
+            and recipe.algorithm.updates_per_step == 1 and recipe.rollout_correction.mode not in REJECTING_MODES)
+
+
 def recipe_settings(recipe: Recipe) -> dict:
     """The trainer constructor arguments every backend takes from the recipe (the model comes separately)."""
     return dict(
@@ -108,10 +119,25 @@ class GRPOUpdate:
             threshold=self.correction.threshold, threshold_lower=self.correction.lower_threshold,
         )
 
+    @property
+    def scores_in_update(self) -> bool:
+        """The update can take pi_old from its own forward (see ``old_logprobs_from_update``)."""
+        return self.algorithm.updates_per_step == 1 and self.correction.mode not in REJECTING_MODES
+
+    def keep_mask(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, T] bool: the tokens the loss keeps. Without ``old_logprobs`` (pi_old still to come from the update's
+        own forward) only a non-rejecting mode knows them: every response token."""
+        if batch.old_logprobs is None:
+            if not self.scores_in_update:
+                raise TrainerError("batch.old_logprobs is missing: a rejecting correction mode or several updates "
+                                   "per step need pi_old before the update")
+            return batch.response_mask.bool()
+        return self.is_weights(batch).keep_mask
+
     def plan(self, batch: TrainBatch, stats: UpdateStats) -> UpdatePlan | None:
         """Which rows of ``batch`` go through a forward, and the normalisers; None when nothing does. Counts the
         skipped zero-advantage rows into ``stats``."""
-        keep = self.is_weights(batch).keep_mask
+        keep = self.keep_mask(batch)
         total_tokens = int(keep.sum())
         total_rows = int(keep.any(dim=1).sum())
         if total_tokens == 0:
