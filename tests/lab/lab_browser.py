@@ -38,7 +38,8 @@ READ_CELLS_JS = """
 """
 
 
-PANEL_JS = "document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)')"
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen
+PANEL_JS = f"document.querySelector('{PANEL}')"
 FIRST_PROMPT_JS = f"{PANEL_JS}.querySelector('.jp-CodeCell .jp-InputArea-prompt')"
 SETTLED_JS = f"""() => {{
   const panel = {PANEL_JS};
@@ -70,6 +71,7 @@ class NotebookView:
     cells: list[CellView]
     screenshot: Path
     errors: list[str] = field(default_factory=list)
+    failed_cells: list[int] = field(default_factory=list)
 
     def cells_with_tables(self) -> set[int]:
         return {c.index for c in self.cells if c.tables}
@@ -159,6 +161,9 @@ def read_notebook(page, name: str, screenshot: Path) -> NotebookView:
             view.errors.append(f"{where} shows an error:\n{last_lines(errors[-1])}")
         elif not re.fullmatch(r"\[\d+\]:", cell.prompt):
             view.errors.append(f"{where} did not run (prompt {cell.prompt!r})")
+        else:
+            continue
+        view.failed_cells.append(cell.index)
     return view
 
 
@@ -170,7 +175,8 @@ def last_lines(text: str, n: int = 6) -> str:
 def run_in_browser(page, url: str, name: str, values: dict[str, str], screenshots: Path) -> NotebookView:
     """Open ``name``, type ``values`` into its parameters cell, run all cells; raise LabFailure on any error.
 
-    The screenshot (``<screenshots>/<name>.png``, the notebook scrolled to its last cell) is kept either way."""
+    The screenshot ``<screenshots>/<name>.png`` is kept either way: the notebook at its last cell, or at the first
+    cell that failed; each figure's output is also kept as ``<name>.cell<index>.png``."""
     screenshots.mkdir(parents=True, exist_ok=True)
     shot = screenshots / f"{name}.png"
     try:
@@ -185,6 +191,11 @@ def run_in_browser(page, url: str, name: str, values: dict[str, str], screenshot
         raise LabFailure(f"notebook {name}: {type(err).__name__}: {str(err).splitlines()[0]} (screenshot: {shot})") from err
     page.screenshot(path=str(shot))
     view = read_notebook(page, name, shot)
-    if view.errors:
+    cells = page.locator(f"{PANEL} .jp-Notebook .jp-Cell")
+    if view.errors:  # the screenshot shows the first cell that failed, not the end of the notebook
+        cells.nth(view.failed_cells[0]).scroll_into_view_if_needed()
+        page.screenshot(path=str(shot))
         raise LabFailure("\n".join(view.errors) + f"\n  screenshot: {shot}")
+    for index in sorted(view.cells_with_figures()):  # each figure as the page drew it
+        cells.nth(index).locator(".jp-OutputArea-output").last.screenshot(path=str(shot.with_name(f"{name}.cell{index}.png")))
     return view

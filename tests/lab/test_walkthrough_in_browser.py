@@ -63,6 +63,8 @@ def test_notebook_runs_clean_in_the_browser_and_records_the_librarys_numbers(nam
         f"{sorted(view.cells_with_figures())}; expected tables in {sorted(tables)}, figures in {sorted(figures)} "
         f"(screenshot: {view.screenshot})")
     assert view.screenshot.stat().st_size > 10_000
+    for index in figures:
+        assert view.screenshot.with_name(f"{name}.cell{index}.png").stat().st_size > 10_000
     if name != "00_cluster_check":  # the typed relative path was read from notebooks/: the page names the run
         assert str(small_run) in view.text()
     record = load_results(name, small_run / "notebooks")
