@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml $(LOCK)
 repro: $(STAMP)
 	$(PY) -m repro notebooks --recipe tiny-cpu --run-dir $(RUN) --figures figures
 
-# tests/vllm and tests/megatron need their optional backends: their own lanes (test-vllm, test-megatron) run them.
+# tests/vllm and tests/megatron need their optional backends: their own lanes (test-vllm, test-megatron) run them;
+# tests/lab needs a browser: the test-lab lane runs it.
 test: $(STAMP)
-	$(PY) -m pytest -q --ignore=tests/vllm --ignore=tests/megatron
+	$(PY) -m pytest -q --ignore=tests/vllm --ignore=tests/megatron --ignore=tests/lab
 
 lab: $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "repro (.venv)"
@@ -89,3 +90,27 @@ ABLATIONS ?= runs/ablations
 .PHONY: ablations
 ablations: $(STAMP)
 	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('14_ablations', '$(ABLATIONS)', {'out_dir': '$(ABLATIONS)'}, log_output=True)"
+
+# Browser lane: JupyterLab started as `make lab` starts it, driven by Playwright for Python through Debian's
+# Chromium (no browser download: playwright's own `install` step is never run). Its own venv: the lock plus
+# playwright. Chromium is installed with apt when missing (CI starts from a fresh machine and runs as root).
+LAB_VENV     ?= .venv-lab
+LAB_PY       := $(LAB_VENV)/bin/python
+LAB_STAMP    := $(LAB_VENV)/.installed
+LAB_PIN      ?= playwright==1.65.2
+LAB_CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: test-lab
+
+$(LAB_STAMP): pyproject.toml $(LOCK)
+	@test -x $(LAB_PY) || $(PYTHON) -m venv $(LAB_VENV)
+	$(LAB_PY) -m pip install --quiet --upgrade pip
+	$(LAB_PY) -m pip install --quiet -c $(LOCK) -e '.[dev]' '$(LAB_PIN)'
+	@touch $(LAB_STAMP)
+
+$(LAB_CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	 else echo "$(LAB_CHROMIUM) is missing: install Debian's chromium (sudo apt-get install chromium)" >&2; exit 1; fi
+
+test-lab: $(LAB_STAMP) $(LAB_CHROMIUM)
+	REPRO_LAB_CHROMIUM=$(LAB_CHROMIUM) $(LAB_PY) -m pytest -q tests/lab

@@ -15,9 +15,9 @@ from repro import REPO_DIR
 
 
 def project_path(value: str | os.PathLike) -> Path:
-    """``value`` against the project root (absolute paths and ``~`` are kept as they are)."""
+    """``value`` against the project root (absolute paths and ``~`` are kept as they are), normalised."""
     path = Path(value).expanduser()
-    return path if path.is_absolute() else REPO_DIR / path
+    return Path(os.path.normpath(path if path.is_absolute() else REPO_DIR / path))
 
 
 def resolve_parameter(value: str | os.PathLike | None, default: str | os.PathLike | None) -> Path | None:
@@ -27,4 +27,6 @@ def resolve_parameter(value: str | os.PathLike | None, default: str | os.PathLik
         return None
     if default is not None and str(value) == str(default):
         return project_path(value)
-    return Path(value).expanduser().absolute()
+    # normalised: "../runs/x" typed in JupyterLab (kernel in notebooks/) reads back as <root>/runs/x, not
+    # <root>/notebooks/../runs/x, in the printed paths, the recorded results and the report
+    return Path(os.path.abspath(Path(value).expanduser()))

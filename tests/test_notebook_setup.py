@@ -18,6 +18,15 @@ def test_a_default_path_resolves_against_the_project_root_from_any_working_direc
     assert resolve_parameter("", "") is None
 
 
+def test_a_typed_path_that_climbs_out_of_notebooks_reads_back_normalised(monkeypatch):
+    """What a person types in JupyterLab (kernel in notebooks/) to reach the project's runs: ../runs/x is
+    <root>/runs/x in every printed path and recorded result (found by the browser lane, tests/lab)."""
+    monkeypatch.chdir(repro.REPO_DIR / "notebooks")
+    assert str(resolve_parameter("../runs/x", "runs/tiny-cpu")) == str(repro.REPO_DIR / "runs" / "x")
+    assert str(resolve_parameter("runs/../runs/tiny-cpu", "runs/../runs/tiny-cpu")) == str(
+        repro.REPO_DIR / "runs" / "tiny-cpu")
+
+
 def test_papermill_injected_names_are_read_from_the_kernel_history_without_executing_them():
     history = ["", 'run_dir = "runs/tiny-cpu"\nphase_len = 25', '# Parameters\nstpes = 1\nrun_dir = "x"\n',
                "import os"]
