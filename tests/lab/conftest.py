@@ -59,6 +59,40 @@ def lane_dir():
     return fresh_lane_dir(RUN_DIR)
 
 
+def lane_processes(lane: Path) -> list[str]:
+    """Processes the lane may have left: this process's descendants (Playwright's driver, Chromium, JupyterLab)
+    and any whose command line names the lane's folder (kernels, started in their own sessions, are found by their
+    connection file under the lane's runtime folder). Read from /proc: no broad name matching."""
+    parents, commands = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid = int(stat.parent.name)
+            parents[pid] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            commands[pid] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+    me, left = os.getpid(), []
+    for pid, command in commands.items():
+        ancestor = parents.get(pid)
+        while ancestor not in (None, 0, 1, me):
+            ancestor = parents.get(ancestor)
+        if pid != me and (ancestor == me or str(lane) in command):
+            left.append(f"{pid}: {command.strip()[:160]}")
+    return left
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_running():
+    """Set up first, torn down last: after JupyterLab and Chromium are ended, none of their processes remain."""
+    yield
+    import time
+
+    deadline = time.monotonic() + 20
+    while (left := lane_processes(RUN_DIR)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, "the browser lane left processes running:\n" + "\n".join(left)
+
+
 @pytest.fixture(scope="session")
 def small_run(lane_dir):
     """A 3-step tiny-cpu run, in process (no Ray): what the analysis notebooks read."""

@@ -152,18 +152,23 @@ def read_notebook(page, name: str, screenshot: Path) -> NotebookView:
     """What the page shows after a run; every code cell must have run (a number in its prompt) without error."""
     cells = [CellView(i, **c) for i, c in enumerate(page.evaluate(READ_CELLS_JS))]
     view = NotebookView(name, cells, screenshot)
-    for cell in cells:
-        if not cell.code:
-            continue
+    after_error = []  # Run All stops at an error: the cells it left are named once, not one by one
+    for cell in (c for c in cells if c.code):
         where = f"notebook {name}: cell {cell.index} ({cell.first_line!r})"
         errors = [text for text in cell.stderr if ERROR_PATTERN.search(text)]
+        ran = re.fullmatch(r"\[\d+\]:", cell.prompt) is not None
         if errors:
             view.errors.append(f"{where} shows an error:\n{last_lines(errors[-1])}")
-        elif not re.fullmatch(r"\[\d+\]:", cell.prompt):
-            view.errors.append(f"{where} did not run (prompt {cell.prompt!r})")
-        else:
+        elif ran:
             continue
+        elif view.failed_cells:
+            after_error.append(str(cell.index))
+            continue
+        else:
+            view.errors.append(f"{where} did not run (prompt {cell.prompt!r})")
         view.failed_cells.append(cell.index)
+    if after_error:
+        view.errors.append(f"notebook {name}: cells {', '.join(after_error)} did not run after it")
     return view
 
 
