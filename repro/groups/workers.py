@@ -98,12 +98,12 @@ class TrainerWorker:
         (formed on first use); returns the payload bytes sent (0 from a rank that only helps gather)."""
         named = self.trainer.named_weights()
         sender = self.sender_index()
-        if address is None:
-            return pack_buckets(named, self.bucket_bytes, version, sender or 0)
         if sender is None:
             for _ in named:  # the collective gather needs this rank; its share arrives at rank 0
                 pass
             return 0
+        if address is None:
+            return pack_buckets(named, self.bucket_bytes, version, sender)
         if self.group is None or self.group.address != address:
             self.group = SyncGroup(address, rank=0)
         return self.group.send(pack_buckets(named, self.bucket_bytes, version, sender))
