@@ -9,9 +9,14 @@ Not part of `make test` (pytest collects only tests/). Steps, each reported PASS
    GPU-count FAIL is expected; the accelerator, architecture, FP8 format and versions rows are what to read).
 2. The tiny DeepSeek-V4 forward on the GPU against the CPU (fp32 logits agree to 1e-3) and block-FP8
    quantisation on the GPU bit-identical to the CPU's, for the format this GPU computes in.
-3. The engine and trainer contract tests, tests/test_rollout_engine.py and tests/test_trainer_contract.py.
+3. (run last, in the time left) The engine and trainer contract tests, tests/test_rollout_engine.py and tests/test_trainer_contract.py.
    The embedded engine and trainer take no device argument (they build their tensors on the CPU), so these
    run ON THE CPU of the GPU machine: they prove the contract there, not GPU execution. Step 2 is the GPU part.
+4. The streaming weight sync (``repro.sync``/``repro.sync_group``) over NCCL from a trainer process into a vLLM
+   worker on the GPU (tiny Qwen3-MoE, twice: a changed policy, then the original back, whose samples must
+   equal the first ones), timed, with block-FP8 quantisation's GB/s on the GPU. NCCL refuses two ranks on one
+   GPU ("Duplicate GPU"): with one GPU the trainer's NCCL send is tried, that refusal reported, and the same
+   stream then crosses on gloo into the GPU worker. Needs vLLM; skipped without it.
 """
 
 from __future__ import annotations
@@ -87,6 +92,87 @@ def step_contract_tests(out: Path, deadline: float) -> dict:
             "detail": f"on this machine's CPU (the embedded engine/trainer take no device): {tail}"}
 
 
+def send_checkpoint(address: dict, model_dir: str, versions: list[int], scale: list[float], device: str) -> None:
+    """The trainer's side of step 4 (its own process): the tiny checkpoint, lm_head scaled per version, streamed
+    on a sync group of its own as rank 0. Also run with gloo on the CPU by tests/test_device_check_sync.py."""
+    from repro.model.tiny_qwen3_moe import checkpoint_tensors
+    from repro.sync import pack_buckets
+    from repro.sync_group import SyncAddress, SyncGroup
+
+    group = SyncGroup(SyncAddress(**address), 0, device)
+    for version, factor in zip(versions, scale):
+        weights = checkpoint_tensors(model_dir)
+        weights["lm_head.weight"] = (weights["lm_head.weight"].float() * factor).to(weights["lm_head.weight"].dtype)
+        group.send(pack_buckets(weights.items(), 64 * 1024, version))
+
+
+def step_streaming_sync(out: Path) -> dict:
+    import importlib.util
+    import multiprocessing as mp
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"status": "SKIP", "detail": "no CUDA/ROCm device visible to torch"}
+    if importlib.util.find_spec("vllm") is None:
+        return {"status": "SKIP", "detail": "vLLM is not installed in this environment"}
+    from repro.fp8.quant import quantize_block
+    from repro.model.tiny_qwen3_moe import BOS_ID, EOS_ID, build_tiny_qwen3_moe
+    from repro.rollout.types import SamplingParams
+    from repro.rollout.vllm_engine import WORKER_EXTENSION, VLLMEngine
+    from repro.sync_group import free_address
+
+    w = torch.randn(8192, 8192, device="cuda").bfloat16()
+    quantize_block(w, "e4m3fn")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    quantize_block(w, "e4m3fn")
+    torch.cuda.synchronize()
+    fp8_gbps = w.numel() * 2 / (time.perf_counter() - start) / 1e9
+    del w
+    model_dir = build_tiny_qwen3_moe(out / "tiny-qwen3-moe", seed=0)
+    args = dict(model=str(model_dir), tokenizer=str(model_dir), dtype="bfloat16", seed=0, max_model_len=64,
+                enforce_eager=True, logprobs_mode="processed_logprobs", max_logprobs=0, tensor_parallel_size=1,
+                worker_extension_cls=WORKER_EXTENSION, gpu_memory_utilization=0.25)
+    engine = VLLMEngine(model_dir, args, eos_id=EOS_ID, max_context=64, record_routing=False)
+    params = SamplingParams(n=4, max_new_tokens=8, seed=3)
+    notes = []
+    try:
+        before = engine.generate([[BOS_ID, 3, 4]], params)
+        for backend in ("nccl", "gloo"):
+            address = dict(zip(("host", "port"), free_address("127.0.0.1")), sender=0, receivers=1,
+                           backend=backend, timeout_s=90)
+            device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
+            sender = mp.get_context("spawn").Process(target=send_checkpoint, args=(
+                address, str(model_dir), [1, 2], [2.0, 1.0], device if backend == "nccl" else "cpu"))
+            sender.start()
+            try:
+                from repro.sync_group import SyncAddress
+
+                started = time.perf_counter()
+                changed = engine.receive_from_groups([SyncAddress(**address)], version=1)
+                moved = engine.generate([[BOS_ID, 3, 4]], params)
+                back = engine.receive_from_groups([SyncAddress(**address)], version=2)
+                seconds = time.perf_counter() - started
+            except Exception as err:
+                sender.kill()
+                notes.append(f"{backend}: {type(err).__name__}: {str(err)[:300]}")
+                continue
+            finally:
+                sender.join(60)
+            after = engine.generate([[BOS_ID, 3, 4]], params)
+            same = [t.response_ids for t in after.trajectories] == [t.response_ids for t in before.trajectories]
+            differs = [t.response_ids for t in moved.trajectories] != [t.response_ids for t in before.trajectories]
+            detail = (f"{backend}: 2 syncs of {changed.nbytes / 1e6:.1f} MB ({changed.buckets} buckets) in "
+                      f"{seconds:.1f} s; changed policy changed samples: {differs}; original back reproduces "
+                      f"the first samples: {same}; block-FP8 quantisation on the GPU {fp8_gbps:.1f} GB/s")
+            return {"status": "PASS" if same and differs and back.version == 2 else "FAIL",
+                    "detail": "; ".join(notes + [detail])}
+        return {"status": "FAIL", "detail": "; ".join(notes)}
+    finally:
+        engine.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "runs" / "device_check"))
@@ -98,6 +184,7 @@ def main() -> int:
     deadline = time.monotonic() + BUDGET_S
     report = {}
     for name, step in (("repro_check", lambda: step_repro_check(out)), ("gpu_numerics", step_gpu_numerics),
+                       ("streaming_sync", lambda: step_streaming_sync(out)),
                        ("contract_tests", lambda: step_contract_tests(out, deadline))):
         started = time.monotonic()
         try:

@@ -35,8 +35,8 @@ LOCAL_INSTANCE_ENV = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
-# The tiny recipe ships ~9 MB of weights through the object store per sync; Ray's default (30% of RAM)
-# would claim ~7 GB of /dev/shm on a shared laptop.
+# The object store carries batches and results (weights go over the sync's own groups, repro.sync_group);
+# Ray's default (30% of RAM) would claim ~7 GB of /dev/shm on a shared laptop.
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
 JOIN_PROBE_TIMEOUT_S = 5.0
 # A local instance a parent process (the notebook chain) started for its children to share: a recipe with

@@ -5,10 +5,11 @@ build the backend and own the weight-sync side of it); ``repro.groups.ray_groups
 actors that hold those same workers, one per trainer rank and one per rollout replica. The loop
 (``repro.run.loop``) and its steps see only these two protocols.
 
-Weight sync is two calls: ``trainer.send_weights(version)`` starts the trainer's side and returns a handle to
-what it sends (the buckets in this process; Ray's reference to them, which the rollout resolves worker to worker);
-``rollout.receive_weights(sent, version)`` checks and applies them. No rollout generates from a half-applied
-update: the rollout swaps all weights at once, or keeps the old ones and raises.
+Weight sync is two calls (``repro.sync``): ``trainer.send_weights(version)`` starts the trainer's side and returns
+a handle to what it sends (the lazy bucket stream in this process; on Ray, the addresses of the senders' own
+collective groups, ``repro.sync_group``); ``rollout.receive_weights(sent, version)`` checks and applies the
+buckets one by one as they arrive. No rollout generates from a half-applied update: the engine refuses to
+generate from the first bucket until the last is applied, and after a failed sync until a complete one succeeds.
 """
 
 from __future__ import annotations
@@ -54,4 +55,5 @@ class RolloutGroup(Protocol):
         """``params.n`` responses per prompt, prompt-major, with log-probs (and routing, for R3)."""
 
     def receive_weights(self, sent: Any, version: int) -> SyncStats:
-        """Check the complete set ``send_weights`` sent, then swap every weight at once (FP8 re-quantised)."""
+        """Check and apply, bucket by bucket, what ``send_weights`` sent (FP8 re-quantised); a failure raises and
+        leaves the engine refusing to generate until a complete sync succeeds."""

@@ -81,11 +81,14 @@ class TrainerWorker:
         return self.trainer.scored_train_step(batch)
 
     def sender_index(self) -> int | None:
-        """Which sync sender this rank is (None: it only helps gather). A Megatron world sends from rank 0,
-        which ``named_weights`` gathers the model to; the embedded trainer is one rank."""
-        import torch.distributed as dist
+        """Which sync sender this rank is (None: it only helps gather). A Megatron world sends from the first
+        rank of each pipeline stage, which gathers its stage's weights; the embedded trainer is one rank."""
+        sync_sender = getattr(self.trainer, "sync_sender", None)
+        return sync_sender() if sync_sender is not None else 0
 
-        return 0 if not dist.is_initialized() or dist.get_rank() == 0 else None
+    def _sent_weights(self):
+        stage_weights = getattr(self.trainer, "stage_weights", None)
+        return stage_weights() if stage_weights is not None else self.trainer.named_weights()
 
     def sync_address(self) -> SyncAddress | None:
         """Where this rank's sync group will meet (a free port on its node), or None for a non-sending rank."""
@@ -99,14 +102,14 @@ class TrainerWorker:
         """Every weight in buckets, packed one tensor at a time. In one process (no ``address``): the lazy
         bucket stream, for ``RolloutWorker.receive_weights``. On Ray: broadcast on this rank's sync group
         (formed on first use); returns the payload bytes sent (0 from a rank that only helps gather)."""
-        named = self.trainer.named_weights()
+        named = self._sent_weights()
         sender = self.sender_index()
-        if address is None:
-            return pack_buckets(named, self.bucket_bytes, version, sender or 0)
         if sender is None:
             for _ in named:  # the collective gather needs this rank; its share arrives at rank 0
                 pass
             return 0
+        if address is None:
+            return pack_buckets(named, self.bucket_bytes, version, sender)
         if self.group is None or self.group.address != address:
             self.group = SyncGroup(address, rank=0)
         return self.group.send(pack_buckets(named, self.bucket_bytes, version, sender))

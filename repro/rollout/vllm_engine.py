@@ -327,8 +327,11 @@ class VLLMEngine:
     # -- weights -----------------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                        bucket_bytes: int = 256 << 20) -> SyncStats:
-        """A whole named set, streamed to the workers in buckets (as a one-sender sync)."""
-        return apply_stream(self, pack_buckets(named_tensors, bucket_bytes, version), version)
+        """A whole named set in memory: checked whole first (a bad set is refused and the old weights keep
+        serving), then streamed to the workers in buckets as a one-sender sync."""
+        received = dict(named_tensors)
+        check_update(self.served, received, version, VLLMRolloutError)
+        return apply_stream(self, pack_buckets(received.items(), bucket_bytes, version), version)
 
     def begin_sync(self, version: int) -> None:
         self.gate.begin(version)

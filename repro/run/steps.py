@@ -119,7 +119,7 @@ def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
 
 
 def sync_weights(trainer: TrainerGroup, rollout: RolloutGroup, version: int) -> SyncStats:
-    """Trainer -> rollout in buckets; the rollout verifies the whole set, re-quantises to FP8 and swaps."""
+    """Trainer -> rollout, streamed in buckets; the rollout checks each on arrival and applies it (FP8 there)."""
     return rollout.receive_weights(trainer.send_weights(version), version)
 
 

@@ -305,6 +305,30 @@ def gather_to_rank0(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor for piece in gathered for name, tensor in piece.items()} if gathered is not None else {}
 
 
+def gather_to_stage_leader(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every rank's ``part`` of this pipeline stage merged on the stage's first rank (a pickled gather inside the
+    stage's tensor/data/context-parallel group), {} on the others: each stage then streams its own layers."""
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return part
+    group = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    leader = dist.get_global_rank(group, 0)
+    gathered = [None] * dist.get_world_size(group) if dist.get_rank() == leader else None
+    dist.gather_object(part, gathered, dst=leader, group=group)
+    return {name: tensor for piece in gathered for name, tensor in piece.items()} if gathered is not None else {}
+
+
+def stage_sender() -> int | None:
+    """This rank's sync sender index -- its pipeline stage -- if it leads the stage, else None."""
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return 0
+    group = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    return ps.get_pipeline_model_parallel_rank() if dist.get_rank() == dist.get_global_rank(group, 0) else None
+
+
 # ---- results that only the last pipeline stage computes ----------------------------------------------------
 
 

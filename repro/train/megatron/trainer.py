@@ -54,7 +54,8 @@ from repro.train.megatron.config import megatron_layout
 from repro.train.optimizer import MasterAdamW
 from repro.train.zero1 import ShardedMasterAdamW
 from repro.train.megatron.parallel import (
-    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm, is_expert,
+    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
+    gather_to_stage_leader, is_expert, stage_sender,
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
@@ -279,16 +280,28 @@ class MegatronTrainer:
         The gather is a pickled one through the trainer's process group: the CPU lanes' transport. AMD streams
         2 GB buckets to the rollout node over RDMA instead; a 284B model must not pass through one rank like this.
         """
+        yield from self._exported(gather_to_rank0).items()
+
+    def stage_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the weight sync sends from this rank: its pipeline stage's full weights on the stage's first rank
+        (TP/EP shards gathered there; ``export_names`` applied per stage), nothing elsewhere. Collective."""
+        yield from self._exported(gather_to_stage_leader).items()
+
+    def sync_sender(self) -> int | None:
+        """This rank's sender index in the weight sync (its pipeline stage), or None where it only gathers."""
+        return stage_sender()
+
+    def _exported(self, gather: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         part = {}
         for name, tensor in export_full_weights(self.model):
             tensor = tensor.detach().to("cpu")
             if tensor.is_floating_point():
                 tensor = tensor.to(self.dtype)
             part[name] = tensor.clone()
-        weights = gather_to_rank0(part)
+        weights = gather(part)
         if weights and self.export_names is not None:
             weights = self.export_names(weights)
-        yield from weights.items()
+        return weights
 
     def _rank_dir(self, directory: str | Path) -> Path:
         """Each rank keeps its own shard: ``directory`` itself at world size 1, ``directory/rank-NNNNN`` above."""
