@@ -223,11 +223,3 @@ def _quantised_compressed(update_compressor_states, rope_dim: int):
 
     return store
 
-
-def describe(numerics: RolloutNumerics) -> str:
-    """One line naming the sources on, for logs and notebooks."""
-    on = [label for label, flag in (("W8A8 activations", numerics.activation_quant),
-                                    ("BF16 activations", numerics.bf16_activations),
-                                    ("FP8 KV cache", numerics.kv_cache_fp8)) if flag]
-    return ", ".join(on) if on else "fp32 activations and cache"
-
