@@ -10,7 +10,7 @@ from repro.rollout.embedded import EmbeddedEngine
 from repro.rollout.fp8_view import FP8WeightView
 from repro.rollout.numerics import (
     RolloutNumerics, dequantize_per_token_group, fake_quant_activation, kv_cache_round_trip,
-    quantize_per_token_group, round_to_bf16, ue8m0_fp8_round_trip,
+    per_tensor_fp8_round_trip, quantize_per_token_group, round_to_bf16, ue8m0_fp8_round_trip,
 )
 from repro.rollout.types import SamplingParams
 
@@ -71,6 +71,24 @@ def test_wrapped_cache_stores_the_round_trip():
     kept = cache.layers[1].update_compressor_states("indexer", keys)
     assert torch.equal(kept, ue8m0_fp8_round_trip(keys, block=config.index_head_dim))
     assert RolloutNumerics().wrap_cache(plain := DynamicCache(config=config), config) is plain
+
+
+def test_other_models_get_vllms_per_tensor_fp8_cache(tmp_path):
+    """vLLM's generic fp8_e4m3 cache (k_scale = v_scale = 1.0): a plain e4m3 cast, here on the Qwen3-MoE lane's model."""
+    assert torch.equal(per_tensor_fp8_round_trip(torch.tensor([0.3, 500.0, -1e-3])),
+                       torch.tensor([0.3125, 448.0, -2**-9]))  # step near 0.3: 1/32; 1e-3 = 0.512 subnormal steps of 2**-9
+    from repro.model.hf_folder import load_checkpoint
+    from repro.model.tiny_qwen3_moe import build_tiny_qwen3_moe
+
+    model, tokenizer = load_checkpoint(build_tiny_qwen3_moe(tmp_path / "qwen"))
+    numerics = RolloutNumerics(True, 128, True, True)
+    engine = EmbeddedEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, 16, numerics=numerics)
+    result = engine.generate([[1, 2, 3]], SamplingParams(n=2, max_new_tokens=3, seed=0))
+    assert all(torch.isfinite(t.logprobs).all() for t in result.trajectories)
+    cache = numerics.wrap_cache(DynamicCache(config=model.config), model.config)
+    k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    keys, values = cache.layers[0].update(k, v)
+    assert torch.equal(keys, per_tensor_fp8_round_trip(k)) and torch.equal(values, per_tensor_fp8_round_trip(v))
 
 
 def test_hooks_quantise_the_inputs_of_fp8_linears_only():

@@ -107,7 +107,6 @@ class RolloutConfig(Section):
     activation_dtype: Literal["bf16", "fp32"] = Field("bf16", description="Dtype of every GEMM output and of the hidden streams between layers in the rollout (vLLM serves in BF16; the embedded engine rounds to it).")
 
 
-
 class LengthConfig(Section):
     max_context: int = Field(16384, ge=2, description="Prompt + response tokens per sequence (AMD: 16,384; the model supports 1M).")
     max_response: int = Field(4096, ge=1, description="Generated tokens per response before truncation.")

@@ -4,6 +4,8 @@ It stands in for the vLLM server of the full recipe and differs from the trainer
 with weights that went through block-wise FP8 quantisation, so its token distribution is genuinely not the
 trainer's. Per response it returns the sampled ids, the log-prob of each sampled token under the rollout's
 own distribution, the experts every top-k MoE layer chose at every fed position (for R3), and why it stopped.
+With ``numerics`` (``repro.rollout.numerics``) it also computes as vLLM's FP8 path does beyond the weights: W8A8
+activations, BF16 activations, an FP8 KV cache -- hooks on its own model copy, the decode loop is the same.
 
 Works with any transformers causal LM whose cache is a ``DynamicCache`` passed as ``cache=``/
 ``past_key_values=``; routing is recorded where ``repro.model.routing`` can hook the routers (DeepSeek-V4, Qwen3-MoE).

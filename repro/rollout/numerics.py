@@ -21,7 +21,10 @@ three ways, each emulated here by a pure tensor function and switched by its own
    ``v1/attention/backends/mla/flashmla_sparse.py`` layout note; the write kernel in
    ``models/deepseek_v4/common/ops/fused_compress_quant_cache.py``). The compressed entries go through the same
    layout; the indexer's compressed keys are FP8 whole (one UE8M0 scale per token). Every cache read sees the
-   round-tripped value, including the current token's own entry (vLLM attends from the cache).
+   round-tripped value, including the current token's own entry (vLLM attends from the cache). Any other model
+   (the Qwen3-MoE of the Megatron lane) gets vLLM's generic fp8_e4m3 cache: one per-tensor scale, 1.0 unless
+   calibrated (``set_default_quant_scales`` in ``model_executor/layers/attention/attention.py``), i.e. the plain
+   e4m3 cast of K and V.
 
 The engine's generation loop is unchanged: ``RolloutNumerics.install`` adds the hooks to the engine's own copy of
 the model once, and ``wrap_cache`` wraps each new ``DynamicCache``.
@@ -99,6 +102,13 @@ def ue8m0_fp8_round_trip(x: torch.Tensor, block: int = KV_BLOCK) -> torch.Tensor
     inverse, scale = torch.exp2(-exponent), torch.exp2(exponent)
     q = (grouped * inverse).clamp(-KV_FP8_MAX, KV_FP8_MAX).to(torch.float8_e4m3fn)
     return (q.float() * scale).reshape(x.shape).to(x.dtype)
+
+
+def per_tensor_fp8_round_trip(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """x through e4m3fn with one fixed scale (vLLM's generic FP8 KV cache, k_scale = v_scale = 1.0): same shape and
+    dtype, values clamp(x / scale, ±448) rounded to e4m3, times scale."""
+    q = (x.float() / scale).clamp(-KV_FP8_MAX, KV_FP8_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
 
 
 def kv_cache_round_trip(kv: torch.Tensor, rope_dim: int, block: int = KV_BLOCK) -> torch.Tensor:
@@ -187,12 +197,13 @@ class RolloutNumerics:
         """``cache`` (a ``DynamicCache``) with every write of a K=V entry stored as fp8_ds_mla would hold it."""
         if not self.kv_cache_fp8:
             return cache
-        rope_dim = getattr(config, "qk_rope_head_dim", None) or getattr(config, "rope_head_dim", None)
-        if not rope_dim:
-            raise ValueError("rollout.kv_cache_dtype fp8_e4m3: the model config names no RoPE width "
-                             "(qk_rope_head_dim), so the cache's NoPE/RoPE split is unknown")
+        if getattr(config, "model_type", "") != "deepseek_v4":  # vLLM's generic per-tensor FP8 cache
+            for layer in cache.layers:
+                layer.update = _quantised_update(layer.update, per_tensor_fp8_round_trip)
+            return cache
+        rope_dim = config.qk_rope_head_dim
         for layer in cache.layers:
-            layer.update = _quantised_update(layer.update, rope_dim)
+            layer.update = _quantised_update(layer.update, lambda kv: kv_cache_round_trip(kv, rope_dim))
             if hasattr(layer, "update_compressor_states"):
                 layer.update_compressor_states = _quantised_compressed(layer.update_compressor_states, rope_dim)
         return cache
@@ -204,11 +215,11 @@ def _round_output(_module, _args, output):
     return output
 
 
-def _quantised_update(update, rope_dim: int):
+def _quantised_update(update, round_trip):
     def store(key_states, value_states, *args, **kwargs):
         shared = value_states is key_states  # DeepSeek-V4: K=V, one tensor
-        key_states = kv_cache_round_trip(key_states, rope_dim)
-        value_states = key_states if shared else kv_cache_round_trip(value_states, rope_dim)
+        key_states = round_trip(key_states)
+        value_states = key_states if shared else round_trip(value_states)
         return update(key_states, value_states, *args, **kwargs)
 
     return store
@@ -222,12 +233,4 @@ def _quantised_compressed(update_compressor_states, rope_dim: int):
         return update_compressor_states(name, compressed)
 
     return store
-
-
-def describe(numerics: RolloutNumerics) -> str:
-    """One line naming the sources on, for logs and notebooks."""
-    on = [label for label, flag in (("W8A8 activations", numerics.activation_quant),
-                                    ("BF16 activations", numerics.bf16_activations),
-                                    ("FP8 KV cache", numerics.kv_cache_fp8)) if flag]
-    return ", ".join(on) if on else "fp32 activations and cache"
 

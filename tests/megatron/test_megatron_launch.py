@@ -28,7 +28,7 @@ def qwen3_dir(tmp_path_factory):
 
 
 def megatron_recipe(model_dir, *extra):
-    return load_recipe("tiny-cpu", ["actor.backend=megatron", "actor.model_provider=repro.train.megatron.qwen3:provider",
+    return load_recipe("tiny-cpu", ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.qwen3:provider",
                                     f"model.path={model_dir}", *extra])
 
 
@@ -62,7 +62,7 @@ def _launch(run_dir, model_dir, steps, *extra):
     from repro.cli import main
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    sets = ["actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
+    sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
             "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
             "eval.at_start=false", "eval.samples_per_problem=1", "checkpoint.every_steps=1"]
     args = ["launch", "--recipe", "tiny-cpu", "--steps", str(steps), "--run-dir", str(run_dir), "--quiet", *extra]

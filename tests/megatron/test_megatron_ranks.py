@@ -22,7 +22,7 @@ LAYOUTS = {
     "pp2_recompute": ["actor.pipeline_parallel=2", "actor.recompute=full"],
     "dp2": [],
 }
-BASE = ["actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider",
+BASE = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider",
         "actor.max_tokens_per_micro_batch=40", "optim.lr=0.001", "optim.grad_clip=0.05", "seed=3"]
 
 

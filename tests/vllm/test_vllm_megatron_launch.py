@@ -19,7 +19,7 @@ def test_launch_runs_megatron_ranks_with_the_vllm_rollout(tmp_path):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     model_dir = build_tiny_math_qwen3_moe(tmp_path / "model", seed=0)
     run_dir = tmp_path / "run"
-    sets = ["actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
+    sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
             "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
             "rollout.backend=vllm", "eval.at_start=false", "eval.samples_per_problem=1"]
     args = ["launch", "--recipe", "tiny-cpu", "--steps", "2", "--run-dir", str(run_dir), "--quiet"]
