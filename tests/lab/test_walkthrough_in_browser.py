@@ -4,9 +4,10 @@ How the run source is set: the test types it into each notebook's parameters cel
 to do, and types it *relative to the kernel's folder* (``../runs/lab-test/run`` from ``notebooks/``), as a person
 in JupyterLab would. Pointing the default ``runs/tiny-cpu`` at the test's run instead would need writing into (or
 replacing) a person's own run; typing the path tests the real edit and the rule that a typed path is taken from
-where the kernel is. The defaults' resolution against the project root is tested with papermill
-(tests/test_notebook_setup.py). Each notebook's page must show no error, its tables and figures, and the results
-file it records must hold the numbers repro.analysis computes from the same run.
+where the kernel is. The defaults' resolution against the project root is seen here on notebook 00, whose default
+writes only its own results file (put back afterwards), and in tests/test_notebook_setup.py. Each notebook's page
+must show no error, its tables and figures, and the results file it records must hold the numbers repro.analysis
+computes from the same run.
 """
 
 from __future__ import annotations
