@@ -4,9 +4,10 @@ How the run source is set: the test types it into each notebook's parameters cel
 to do, and types it *relative to the kernel's folder* (``../runs/lab-test/run`` from ``notebooks/``), as a person
 in JupyterLab would. Pointing the default ``runs/tiny-cpu`` at the test's run instead would need writing into (or
 replacing) a person's own run; typing the path tests the real edit and the rule that a typed path is taken from
-where the kernel is. The defaults' resolution against the project root is tested with papermill
-(tests/test_notebook_setup.py). Each notebook's page must show no error, its tables and figures, and the results
-file it records must hold the numbers repro.analysis computes from the same run.
+where the kernel is. The defaults' resolution against the project root is seen here on notebook 00, whose default
+writes only its own results file (put back afterwards), and in tests/test_notebook_setup.py. Each notebook's page
+must show no error, its tables and figures, and the results file it records must hold the numbers repro.analysis
+computes from the same run.
 """
 
 from __future__ import annotations
@@ -155,6 +156,27 @@ def assert_figures(record: dict, run: Path, stem: str) -> None:
 
 CHECKS = {"00_cluster_check": check_cluster, "10_reward_by_phase": check_reward_by_phase, "11_aime": check_aime,
           "12_throughput": check_throughput, "13_kl_ess": check_kl_ess, "20_compare_to_amd": check_compare}
+
+
+def test_notebook_00_on_its_defaults_writes_under_the_project_root_not_notebooks(page, lab, lane_dir):
+    """The walkthrough's first step untouched: its default out_dir ("" = <root>/runs/notebooks) lands in the project's
+    runs/, not in notebooks/runs/ where the kernel starts. A results file a person already has there is put back."""
+    results = REPO_DIR / "runs" / "notebooks" / "00_cluster_check.results.json"
+    kept = results.read_bytes() if results.is_file() else None
+    made_folder = not results.parent.exists()
+    try:
+        view = run_in_browser(page, lab.login_url, "00_cluster_check", {}, lane_dir / "screenshots-defaults")
+        record = load_results("00_cluster_check", results.parent)
+        assert record["kernel_python"] == sys.executable and record["recipe"] == "tiny-cpu"
+        assert f"{results}: " in view.text()  # the cell prints where it wrote
+        assert not (NOTEBOOKS_DIR / "runs").exists()
+    finally:
+        if kept is None:
+            results.unlink(missing_ok=True)
+            if made_folder and not any(results.parent.iterdir()):
+                results.parent.rmdir()
+        else:
+            results.write_bytes(kept)
 
 
 def test_a_wrong_run_path_names_the_notebook_and_cell_and_keeps_the_screenshot(page, lab, lane_dir):
