@@ -29,9 +29,12 @@ repro: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q --ignore=tests/vllm --ignore=tests/megatron --ignore=tests/lab
 
+# jupyter_server refuses to start as root without --allow-root (CI, containers and AMD's images run as root)
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "repro (.venv)"
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 notebooks/
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 $(ROOT_FLAG) notebooks/
 
 figures: $(STAMP)
 	$(PY) -m repro figures $(RUN) --out figures

@@ -80,7 +80,8 @@ def test_who_steps_the_optimizer_decides_its_bytes():
         return o.master, o.moments, o.offloaded_moments, o.host_gradient
 
     assert per_param(amd) == (4, 4, 8, 4)  # megatron-core 0.16.1: offloaded moments stay fp32
-    assert per_param(load_recipe("tiny-cpu")) == (0, 8, 8, 0)  # fp32 weights are their own masters
+    assert per_param(load_recipe("tiny-cpu")) == (4, 8, 8, 0)  # bf16 weights (AMD's actor), fp32 masters beside
+    assert per_param(load_recipe("tiny-cpu", ["actor.dtype=fp32"])) == (0, 8, 8, 0)  # fp32 weights are their own masters
     with pytest.raises(RecipeError, match="actor.optimizer_moment_dtype: 'bf16' needs the Megatron backend"):
         load_recipe("tiny-cpu", ["actor.optimizer_moment_dtype=bf16"])
 

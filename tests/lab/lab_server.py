@@ -2,8 +2,7 @@
 
 The two commands are read from the Makefile's ``lab`` target (so the lane cannot drift from what a person runs);
 the lane adds only what a test needs: a free port on 127.0.0.1, its own token, no browser of its own,
-``--allow-root`` where it runs as root (CI does), and a
-private settings/workspace/runtime folder in which autosave is off, so running the notebooks never writes outputs
+and a private settings/workspace/runtime folder in which autosave is off, so running the notebooks never writes outputs
 into the committed ``notebooks/*.ipynb``.
 """
 
@@ -35,7 +34,9 @@ def make_lab_commands(makefile: Path = MAKEFILE, python: str = sys.executable) -
         raise RuntimeError(f"{makefile}: no `lab` target")
     venv = str(Path(python).parent.parent)
     lines = [line.strip() for line in match.group(1).splitlines()]
-    return [shlex.split(line.replace("$(PY)", python).replace("$(VENV)", venv)) for line in lines]
+    root_flag = "--allow-root" if os.geteuid() == 0 else ""
+    return [shlex.split(line.replace("$(PY)", python).replace("$(VENV)", venv).replace("$(ROOT_FLAG)", root_flag))
+            for line in lines]
 
 
 def free_port() -> int:
@@ -109,8 +110,6 @@ def start_lab(home: Path, token: str, timeout_s: float = 120) -> LabServer:
     env = {**os.environ, **private_settings(home)}
     command = lab + [f"--port={port}", "--ServerApp.port_retries=0", "--no-browser",
                      f"--IdentityProvider.token={token}"]
-    if os.geteuid() == 0:  # CI runs as root, which jupyter_server refuses without this flag (so would `make lab`)
-        command.append("--allow-root")
     log_path = home / "jupyterlab.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,

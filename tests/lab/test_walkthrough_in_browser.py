@@ -44,7 +44,8 @@ def test_the_lane_starts_lab_with_make_labs_commands():
     install, lab = make_lab_commands()
     assert install == [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "repro",
                        "--display-name", "repro (.venv)"]
-    assert lab == [str(Path(sys.executable).parent / "jupyter"), "lab", "--ip", "127.0.0.1", "notebooks/"]
+    as_root = ["--allow-root"] if os.geteuid() == 0 else []  # jupyter_server's refusal to run as root otherwise
+    assert lab == [str(Path(sys.executable).parent / "jupyter"), "lab", "--ip", "127.0.0.1", *as_root, "notebooks/"]
 
 
 def test_edited_parameters_replace_values_and_keep_comments():
