@@ -174,7 +174,7 @@ class CheckpointConfig(Section):
 
 
 class WeightSyncConfig(Section):
-    transport: Literal["rdma", "ray_object_store"] = Field("rdma", description="How updated weights reach the rollout (AMD: RDMA over RCCL).")
+    transport: Literal["rdma", "ray_object_store"] = Field("rdma", description="LumenRL's weight_sync.backend (AMD: RDMA over RCCL). repro's own engine always streams over a collective group made for the sync (gloo on CPU, NCCL/RCCL on GPUs), whatever this says.")
     bucket_mb: int = Field(2048, ge=1, description="Bucket size in MB for streaming named tensors.")
     quantize_on: Literal["rollout", "trainer"] = Field("rollout", description="Where BF16 becomes FP8 (AMD: on the rollout side).")
     timeout_s: float = Field(7200.0, gt=0, description="Abort a sync that takes longer than this (LumenRL's longrun file: 7200 s; its header comment still says 1200 s).")
