@@ -15,7 +15,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-BASE = ["actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider", "actor.num_workers=2",
+BASE = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider", "actor.num_workers=2",
         "actor.max_tokens_per_micro_batch=40", "optim.lr=0.001", "optim.grad_clip=0.05", "seed=3"]
 
 
