@@ -249,3 +249,13 @@ def apply_stream(engine, buckets: Iterable[PackedBucket], version: int, senders:
         engine.gate.fail(str(err) if " bucket " in str(err) else f"weight sync v{version}, {label}: {err}")
         raise
     return SyncStats(version, count, tensors, nbytes, time.perf_counter() - start)
+
+
+def drain(stream: Iterable) -> None:
+    """Read a failed sync's stream to its end so its senders finish their broadcasts instead of blocking on a
+    receiver that left; what the rest of it would have raised is moot (the sync already failed)."""
+    try:
+        for _ in stream:
+            pass
+    except SyncError:
+        pass

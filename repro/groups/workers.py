@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
-from repro.sync import PackedBucket, SyncError, SyncStats, apply_stream, pack_buckets
+from repro.sync import PackedBucket, SyncStats, apply_stream, drain, pack_buckets
 from repro.sync_group import SyncAddress, SyncGroup, free_address, receive_all
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
@@ -171,11 +171,7 @@ class RolloutWorker:
         try:
             return apply_stream(self.engine, stream, version, senders)
         except Exception:
-            try:
-                for _ in stream:
-                    pass
-            except SyncError:
-                pass
+            drain(stream)
             raise
 
     def _groups(self, addresses: list[SyncAddress]) -> list[SyncGroup]:

@@ -165,7 +165,7 @@ class ReproWorkerExtension:
         """Join each sender's sync group (rank 1 + this worker's TP rank; kept for later syncs) and apply the
         buckets as they arrive, each tensor checked against ``expected`` (name -> [shape, dtype]). Returns
         (buckets, tensors, bytes). A failure drains the rest of the stream, then raises."""
-        from repro.sync import SyncError, verified_stream
+        from repro.sync import SyncError, drain, verified_stream
         from repro.sync_group import SyncAddress, SyncGroup, receive_all
 
         wanted = [SyncAddress(**a) for a in addresses]
@@ -185,11 +185,7 @@ class ReproWorkerExtension:
                 buckets, tensors = buckets + 1, tensors + len(named)
                 nbytes += sum(t.numel() * t.element_size() for _, t in named)
         except Exception:
-            try:
-                for _ in stream:
-                    pass
-            except SyncError:
-                pass
+            drain(stream)
             raise
         missing = sorted(set(expected) - arrived)
         if missing:

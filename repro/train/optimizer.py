@@ -41,13 +41,7 @@ class MasterAdamW:
         )
 
     def zero_grad(self) -> None:
-        # Zeros rather than None: an expert no token reached still takes its AdamW step (momentum, decay), as
-        # with Megatron's and FSDP's flat gradient buffers, so the update does not depend on routing luck.
-        for p in self.model_params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            else:
-                p.grad.zero_()
+        zero_grads(self.model_params)
 
     def master_grads(self) -> list[torch.Tensor]:
         """The accumulated gradient of every parameter, in fp32, in ``self.names`` order."""
@@ -92,3 +86,13 @@ class MasterAdamW:
         with torch.no_grad():
             for name, master in zip(self.names, self.master):
                 master.copy_(state[name])
+
+
+def zero_grads(params: list[torch.Tensor]) -> None:
+    """Zeros rather than None: an expert no token reached still takes its AdamW step (momentum, decay), as with
+    Megatron's and FSDP's flat gradient buffers, so the update does not depend on routing luck."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from repro.recipes.schema import OptimConfig
+from repro.train.optimizer import zero_grads
 
 
 def partition_by_size(sizes: list[int], ranks: int) -> list[int]:
@@ -91,12 +92,7 @@ class ShardedMasterAdamW:
             eps=optim.eps, weight_decay=optim.weight_decay)
 
     def zero_grad(self) -> None:
-        """Zeros, not None, on every parameter (see ``MasterAdamW.zero_grad``)."""
-        for p in self.model_params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            else:
-                p.grad.zero_()
+        zero_grads(self.model_params)
 
     def master_grads(self) -> list[torch.Tensor]:
         """The whole model's accumulated gradient in fp32, in ``self.names`` order (every rank holds all of it)."""
