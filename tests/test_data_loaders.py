@@ -254,3 +254,22 @@ def test_tiny_math_files_load_through_the_same_loader(tmp_path):
     assert not {p.problem for p in train.problems} & {p.problem for p in held_out.problems}
     first = train.problems[0]
     assert render_prompt(first, TINY_PROMPT_TEMPLATE) == first.prompt_messages[0].content
+
+
+def test_a_recipe_dataset_writes_only_its_split_and_batched_prompt_ids_equal_one_by_one(tmp_path):
+    from repro.data.recipe_datasets import all_prompt_ids, load_dataset, prompt_ids
+    from repro.data.tinymath import write_tiny_math
+    from repro.model.hf_folder import load_tiny_tokenizer
+    from repro.recipes import load_recipe
+    from repro.run.run_dir import resolve_model_dir
+
+    recipe = load_recipe("tiny-cpu")
+    held_out = load_dataset(recipe.data.eval, tmp_path, seed=3)
+    assert [p.name for p in tmp_path.iterdir()] == ["held_out.parquet"] and len(held_out) == 30
+    train = load_dataset(recipe.data.train, tmp_path, seed=3)[:500]
+    tokenizer = load_tiny_tokenizer(resolve_model_dir(recipe))
+    batched = all_prompt_ids(tokenizer, train + held_out, "tiny")
+    assert batched == [prompt_ids(tokenizer, p, "tiny") for p in train + held_out]
+    assert batched[0][0] == tokenizer.bos_token_id and all_prompt_ids(tokenizer, [], "tiny") == []
+    with pytest.raises(ValueError, match="unknown split"):
+        write_tiny_math(tmp_path, splits=("test",))

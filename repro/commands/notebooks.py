@@ -25,6 +25,8 @@ def add_arguments(parser):
                         help=f"run only these notebooks (repeatable; chain: {', '.join(CHAIN)})")
     parser.add_argument("--skip", action="append", default=[], choices=CHAIN, metavar="NOTEBOOK",
                         help="leave a notebook out (repeatable)")
+    parser.add_argument("--parallel", type=int, default=2, metavar="N",
+                        help="notebooks of one wave run N at a time (00+01, then 10-20; the runs alone); 1: in order")
     parser.add_argument("--fresh", action="store_true", help="delete an existing run directory first")
 
 
@@ -37,7 +39,8 @@ def run(args) -> int:
     if args.fresh and run_dir.exists():
         shutil.rmtree(run_dir)
     result = run_chain(run_dir, args.recipe, args.steps, overrides=args.overrides, in_process=args.in_process,
-                       figures_dir=args.figures, notebooks=args.only, skip=args.skip)
+                       figures_dir=args.figures, notebooks=args.only, skip=args.skip,
+                       parallel=args.parallel)
     print()
     print(result.describe())
     return 0

@@ -21,8 +21,8 @@ def load_dataset(config: DatasetConfig, data_dir: str | Path, seed: int = 0) -> 
     template = TEMPLATES[config.template]
     options = dict(on_malformed=config.on_malformed, dedupe=config.dedupe, templates=(template,))
     if config.kind.startswith("tiny_math"):
-        paths = write_tiny_math(data_dir, digits=config.digits, seed=seed)
         split = "train" if config.kind == "tiny_math_train" else "held_out"
+        paths = write_tiny_math(data_dir, digits=config.digits, seed=seed, splits=(split,))
         return list(load_problems(paths[split], layout="dapo", **options).problems)
     loader = load_dapo_math if config.kind == "dapo_math" else load_aime2024
     return list(loader(config.path, **options).problems)
@@ -37,3 +37,14 @@ def prompt_ids(tokenizer, problem: MathProblem, template_name: str) -> list[int]
     if tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
         ids = [tokenizer.bos_token_id] + ids
     return list(ids)
+
+
+def all_prompt_ids(tokenizer, problems: list[MathProblem], template_name: str) -> list[list[int]]:
+    """``prompt_ids`` of every problem; without a chat template the texts go to the tokenizer in one batch (a
+    fast tokenizer encodes 15k tiny prompts in ~0.8 s so, ~1.2 s one by one)."""
+    if getattr(tokenizer, "chat_template", None) or not problems:
+        return [prompt_ids(tokenizer, p, template_name) for p in problems]
+    template = TEMPLATES[template_name]
+    bos = tokenizer.bos_token_id
+    encoded = tokenizer([render_prompt(p, template) for p in problems]).input_ids
+    return [list(ids) if bos is None or (ids and ids[0] == bos) else [bos, *ids] for ids in encoded]

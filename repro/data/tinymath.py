@@ -107,15 +107,21 @@ def to_dapo_row(problem: Arithmetic, index: int, split: str) -> dict:
     }
 
 
-def write_tiny_math(out_dir: str | Path, digits: int = 2, seed: int = 0) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``held_out.parquet`` into ``out_dir`` (atomically, via temp files)."""
+def write_tiny_math(out_dir: str | Path, digits: int = 2, seed: int = 0,
+                    splits: tuple[str, ...] = ("train", "held_out")) -> dict[str, Path]:
+    """Write ``<split>.parquet`` for each of ``splits`` (train, held_out) into ``out_dir`` (atomically, via temp
+    files)."""
     import pandas as pd
 
+    makers = {"train": lambda: train_problems(digits, seed=seed), "held_out": lambda: held_out_problems(digits)}
+    unknown = set(splits) - set(makers)
+    if unknown:
+        raise ValueError(f"write_tiny_math: unknown split(s) {sorted(unknown)}; the task has {sorted(makers)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    splits = {"train": train_problems(digits, seed=seed), "held_out": held_out_problems(digits)}
     paths = {}
-    for split, problems in splits.items():
+    for split in splits:
+        problems = makers[split]()
         frame = pd.DataFrame([to_dapo_row(p, i, split) for i, p in enumerate(problems)])
         final = out / f"{split}.parquet"
         tmp = final.with_suffix(".parquet.tmp")

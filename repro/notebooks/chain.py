@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,8 +11,11 @@ from typing import Callable, Iterable
 
 from repro.notebooks.execution import NotebookError, execute_notebook, notebook_parameters, notebook_path, venv_kernel_name
 
-CHAIN = ("00_cluster_check", "01_fp8_conversion", "02_smoke_run", "03_full_run", "10_reward_by_phase",
-         "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd")
+# The chain in waves: no notebook reads what another of its wave writes, so a wave's notebooks run side by side
+# (``parallel`` at a time); each wave starts when the one before has finished. The runs (02, 03) own the cores.
+WAVES = (("00_cluster_check", "01_fp8_conversion"), ("02_smoke_run",), ("03_full_run",),
+         ("10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd"))
+CHAIN = tuple(name for wave in WAVES for name in wave)
 
 # --------------------------------------------------------------------------------------------- the chain
 
@@ -25,13 +29,15 @@ class ChainResult:
     results: dict[str, dict] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0  # start to end; less than the notebooks' sum when a wave ran side by side
 
     @property
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
 
     def describe(self) -> str:
-        lines = [f"notebook chain done in {self.total_seconds:.0f} s. Outputs:",
+        lines = [f"notebook chain done in {self.wall_seconds:.0f} s (the notebooks' own times add up to "
+                 f"{self.total_seconds:.0f} s). Outputs:",
                  f"  run directory      {self.run_dir} (metrics.jsonl, metrics.parquet, eval/, checkpoints/)",
                  f"  executed notebooks {self.notebooks_dir}/ (<name>.ipynb + <name>.results.json)"]
         lines += [f"    {name:<20} {self.seconds[name]:7.1f} s" for name in self.results]
@@ -73,14 +79,19 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
 def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None = None, *,
               overrides: Iterable[str] = (), in_process: bool = False, figures_dir: str | Path | None = None,
               notebooks: Iterable[str] | None = None, skip: Iterable[str] = (), smoke_dir: str | Path | None = None,
-              log: Callable[[str], None] = print) -> ChainResult:
+              parallel: int = 2, log: Callable[[str], None] = print) -> ChainResult:
     """Execute the notebook chain in order (see module docstring) and return where everything is.
 
     ``steps``/``overrides`` apply to the full run (03); the smoke run (02) is always 3 steps on the same
     recipe and overrides, in ``smoke_dir`` (default ``<run_dir>/smoke``, deleted first; ``smoke_dir=run_dir``
     makes the full run resume from the smoke run's step 3 instead of starting over). ``notebooks`` limits the chain to those names (kept in
-    chain order), ``skip`` drops some. A re-run resumes the full run from its newest checkpoint.
+    chain order), ``skip`` drops some. ``parallel`` notebooks of one wave run at a time (1: strictly in order); the
+    local Ray instance the runs share starts while the first wave runs. A re-run resumes the full run from its
+    newest checkpoint.
     """
+    if parallel < 1:
+        raise NotebookError(f"parallel must be at least 1, got {parallel}")
+    started = time.perf_counter()
     run_dir = Path(run_dir)
     overrides = list(overrides)
     figures_dir = Path(figures_dir) if figures_dir else run_dir / "figures"
@@ -92,43 +103,74 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
     result = ChainResult(run_dir, notebooks_dir, figures_dir, run_dir / "comparison.md")
     log(f"warm start: {ensure_model(recipe, overrides)}")
     kernel = venv_kernel_name()
-    with ExitStack() as stack:
+    waves = [[name for name in wave if name in wanted and _present(name, result, log)] for wave in WAVES]
+    run = _WaveRunner(result, dict(run_dir=run_dir, recipe=recipe, steps=steps, overrides=overrides,
+                                   in_process=in_process, figures_dir=figures_dir, notebooks_dir=notebooks_dir,
+                                   smoke_dir=Path(smoke_dir) if smoke_dir else None), kernel, log)
+    with ExitStack() as stack, ThreadPoolExecutor(max_workers=parallel) as pool:
+        first = [pool.submit(run.one, name) for name in waves[0]]
         if not in_process and wanted & {"02_smoke_run", "03_full_run"}:
-            from repro.cluster.runtime import end_recorded_processes, shared_local_instance
-            from repro.recipes import load_recipe
-
-            record = run_dir / "logs" / "ray_processes.chain.json"
-            end_recorded_processes(record)
-            shared = stack.enter_context(shared_local_instance(load_recipe(recipe, overrides), record))
-            if shared is not None:
-                log(f"one local Ray instance for the chain's runs: {shared.address} (started in {shared.connect_s:.1f} s)")
-        _run_notebooks(result, wanted, run_dir, recipe, steps, overrides, in_process, figures_dir, notebooks_dir,
-                       smoke_dir, kernel, log)
+            _share_one_ray_instance(stack, run_dir, recipe, overrides, log)
+        run.finish(waves[0], first)
+        if waves[0] and "00_cluster_check" in result.results and result.results["00_cluster_check"].get("failed"):
+            raise NotebookError(f"notebook 00_cluster_check: the cluster is not ready for recipe {recipe}: "
+                                f"{result.results['00_cluster_check'].get('summary', 'a check failed')} "
+                                f"(see {notebooks_dir / '00_cluster_check.ipynb'}); the chain stops before the runs")
+        for wave in waves[1:]:
+            run.finish(wave, [pool.submit(run.one, name) for name in wave])
+    result.results = {name: result.results[name] for name in CHAIN if name in result.results}
+    result.wall_seconds = time.perf_counter() - started
     return result
 
 
-def _run_notebooks(result: ChainResult, wanted: set[str], run_dir: Path, recipe: str, steps: int | None,
-                   overrides: list[str], in_process: bool, figures_dir: Path, notebooks_dir: Path,
-                   smoke_dir: str | Path | None, kernel: str, log: Callable[[str], None]) -> None:
-    for name in CHAIN:
-        if name not in wanted:
-            continue
-        if not notebook_path(name).is_file():
-            log(f"[{name}] skipped: {notebook_path(name)} not found")
-            result.skipped.append(name)
-            continue
-        params, results_dir = chain_parameters(name, run_dir, recipe, steps, overrides, in_process, figures_dir,
-                                               notebooks_dir, Path(smoke_dir) if smoke_dir else None)
-        log(f"[{name}] running ...")
+def _present(name: str, result: ChainResult, log: Callable[[str], None]) -> bool:
+    if notebook_path(name).is_file():
+        return True
+    log(f"[{name}] skipped: {notebook_path(name)} not found")
+    result.skipped.append(name)
+    return False
+
+
+def _share_one_ray_instance(stack: ExitStack, run_dir: Path, recipe: str, overrides: list[str],
+                            log: Callable[[str], None]) -> None:
+    """Start the local Ray instance the smoke and full runs join (and end what a killed chain left of one)."""
+    from repro.cluster.runtime import end_recorded_processes, shared_local_instance
+    from repro.recipes import load_recipe
+
+    record = run_dir / "logs" / "ray_processes.chain.json"
+    end_recorded_processes(record)
+    shared = stack.enter_context(shared_local_instance(load_recipe(recipe, overrides), record))
+    if shared is not None:
+        log(f"one local Ray instance for the chain's runs: {shared.address} (started in {shared.connect_s:.1f} s)")
+
+
+@dataclass
+class _WaveRunner:
+    result: ChainResult
+    pool_values: dict
+    kernel: str
+    log: Callable[[str], None]
+
+    def one(self, name: str) -> None:
+        v = self.pool_values
+        params, results_dir = chain_parameters(name, v["run_dir"], v["recipe"], v["steps"], v["overrides"],
+                                               v["in_process"], v["figures_dir"], v["notebooks_dir"], v["smoke_dir"])
+        self.log(f"[{name}] running ...")
         started = time.perf_counter()
-        result.results[name] = execute_notebook(name, notebooks_dir, params, results_dir=results_dir,
-                                                kernel_name=kernel)
-        result.seconds[name] = time.perf_counter() - started
-        log(f"[{name}] done in {result.seconds[name]:.1f} s -> {notebooks_dir / (name + '.ipynb')}")
-        if name == "00_cluster_check" and result.results[name].get("failed"):
-            raise NotebookError(f"notebook {name}: the cluster is not ready for recipe {recipe}: "
-                                f"{result.results[name].get('summary', 'a check failed')} "
-                                f"(see {notebooks_dir / (name + '.ipynb')}); the chain stops before the runs")
+        self.result.results[name] = execute_notebook(name, v["notebooks_dir"], params, results_dir=results_dir,
+                                                     kernel_name=self.kernel)
+        self.result.seconds[name] = time.perf_counter() - started
+        self.log(f"[{name}] done in {self.result.seconds[name]:.1f} s -> {v['notebooks_dir'] / (name + '.ipynb')}")
+
+    def finish(self, wave: list[str], futures: list) -> None:
+        """Wait for every notebook of the wave; then raise the first failure in chain order (the others of the
+        wave were let finish, so their outputs are whole)."""
+        errors = [future.exception() for future in futures]
+        failed = [(name, err) for name, err in zip(wave, errors) if err is not None]
+        if failed:
+            for name, err in failed[1:]:
+                self.log(f"[{name}] also failed: {err}")
+            raise failed[0][1]
 
 
 def ensure_model(recipe: str, overrides: Iterable[str] = ()) -> str:

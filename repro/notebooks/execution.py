@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 import sys
 from pathlib import Path
 from typing import Any
@@ -157,14 +159,16 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     where = [out_dir] + ([Path(results_dir)] if results_dir else [])
     for folder in where:
         results_path(name, folder).unlink(missing_ok=True)
+    ipc_dir = tempfile.mkdtemp(prefix="repro-kernel-")
     try:
         pm.execute_notebook(
             str(source), str(executed), parameters=_jsonable(parameters or {}),
             kernel_name=kernel_name or venv_kernel_name(), cwd=str(cwd or repro.REPO_DIR),
             progress_bar=False, log_output=log_output,
             # the kernel talks to us over local IPC sockets, not TCP on an open port (and ipykernel then does not
-            # warn, once per notebook, that TCP is unencrypted)
-            config=Config({"KernelManager": {"transport": "ipc"}}),
+            # warn, once per notebook, that TCP is unencrypted); sockets in a folder of its own, as jupyter_client
+            # numbers them from a fixed name and two notebooks may run side by side (the chain's waves)
+            config=Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(ipc_dir, "kernel")}}),
         )
     except PapermillExecutionError as err:
         first = (err.source or "").strip().splitlines()
@@ -177,6 +181,8 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
         raise
     except Exception as err:  # kernel death, missing kernel, unreadable notebook
         raise NotebookError(f"notebook {name}: papermill could not execute it: {type(err).__name__}: {err}") from err
+    finally:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
     beside = results_path(name, out_dir)
     if not beside.is_file() and results_dir and results_path(name, results_dir).is_file():
         tmp = beside.with_name(f".{beside.name}.tmp")

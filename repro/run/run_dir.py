@@ -16,7 +16,7 @@ from pathlib import Path
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
 from repro.data.sampler import PromptSampler
-from repro.data.recipe_datasets import load_dataset, prompt_ids
+from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError
 from repro.run.metrics_log import MetricsLog
 from repro.recipes import dump_recipe, require_paths
@@ -87,8 +87,8 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
     held_out = load_dataset(recipe.data.eval, run_dir / "data", seed=recipe.seed)
     run = Run(
         recipe=recipe, run_dir=run_dir, trainer=trainer, rollout=rollout, tokenizer=tokenizer,
-        train_problems=train, train_prompt_ids=[prompt_ids(tokenizer, p, recipe.data.train.template) for p in train],
-        eval_problems=held_out, eval_prompt_ids=[prompt_ids(tokenizer, p, recipe.data.eval.template) for p in held_out],
+        train_problems=train, train_prompt_ids=all_prompt_ids(tokenizer, train, recipe.data.train.template),
+        eval_problems=held_out, eval_prompt_ids=all_prompt_ids(tokenizer, held_out, recipe.data.eval.template),
         sampler=PromptSampler(len(train), recipe.algorithm.prompts_per_step, recipe.seed),
         metrics=MetricsLog(run_dir / "metrics.jsonl"),
     )
