@@ -92,3 +92,21 @@ def test_lumenrl_norm_aliases_and_the_release_export(tiny_state):
     megatron[q_alias] = megatron[q_alias] + 1
     with pytest.raises(NameMappingError, match=r"q_norm._norm.weight: differs from the tensor it aliases"):
         megatron_state_to_hf(megatron)
+
+
+def test_the_weight_streams_export_units_name_the_whole_state(tiny_state):
+    """The Megatron weight stream calls ``export_names`` once per export unit, never on a whole stage: unit by unit
+    (experts of a layer and projection together, a layer's other tensors with their norm aliases) the HF and
+    release exports are those of the whole state, each tensor once."""
+    from repro.train.megatron.dsv4_names import megatron_state_to_release
+    from repro.train.megatron.stream_weights import stream_order
+
+    state, _ = tiny_state
+    megatron = hf_state_to_megatron(state, norm_aliases=True)
+    units = stream_order(list(megatron), grouped=True)
+    assert max(len(u) for u in units) < len(megatron) // 4  # no unit is a large part of the model
+    for export in (megatron_state_to_hf, megatron_state_to_release):
+        whole = export(megatron)
+        streamed = [item for unit in units for item in export({n: megatron[n] for n in unit}).items()]
+        assert sorted(n for n, _ in streamed) == sorted(whole)  # each name once: no alias sent twice
+        assert all(torch.equal(t, whole[n]) for n, t in streamed)

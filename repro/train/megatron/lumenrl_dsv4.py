@@ -19,7 +19,10 @@ BF16 except parameters marked ``_keep_fp32`` (hyper-connections, attention sink,
 Not run here (no ROCm GPU, no LumenRL in this environment): ``tests/test_lumenrl_provider.py`` checks our side with
 a stand-in engine. To verify on the cluster first: the R3 hook (LumenRL replays routes through its own
 ``RouterReplay``, repro's trainer arms megatron's), and gradient reduction of LumenRL's duplicated linears, which
-it marks tensor-parallel although every TP rank holds them whole (exported once here, see ``_duplicated``).
+it marks tensor-parallel although every TP rank holds them whole (exported once here, see ``_duplicated``); and
+that ``dsv4_megatron_to_hf`` maps a part of the state -- the weight stream hands it one export unit at a time
+(``repro.train.megatron.stream_weights.export_unit``: one layer's experts of one projection, one layer's other
+tensors, a top-level tensor) rather than a whole stage; LumenRL's source was not at hand to check this.
 """
 
 from __future__ import annotations

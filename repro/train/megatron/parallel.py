@@ -1,5 +1,6 @@
 """What a Megatron trainer rank needs beyond one process: rendezvous, vocab-parallel scores, gradient reduction
-and norm, and full (world-size-1) weights <-> this rank's shard.
+and norm, and full (world-size-1) weights -> this rank's shard (the way back, shards -> full weights, is
+``repro.train.megatron.stream_weights``).
 
 A *full* name and tensor are those of the same model built at world size 1: global layer index (pipeline
 stages number their layers locally), global expert index (an EP rank holds experts ``ep * E_local ..``) and the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -166,13 +167,15 @@ _EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")  # SequentialMLP: one
 _GROUPED_EXPERT = re.compile(r"(\.experts\.linear_fc[12]\.weight)(\d+)$")  # grouped GEMM: weight<e>
 
 
-def full_names(model: torch.nn.Module) -> dict[str, str]:
-    """Local state-dict name -> full (world-size-1) name: global layer and expert indices."""
+def full_names(model: torch.nn.Module, expert_rank: int | None = None) -> dict[str, str]:
+    """Local state-dict name -> full (world-size-1) name: global layer and expert indices (the experts of EP rank
+    ``expert_rank``, default this rank's)."""
     from megatron.core import parallel_state as ps
 
     layer_numbers = [layer.layer_number - 1 for layer in model.decoder.layers]
     experts = model.config.num_moe_experts or 0
-    offset = ps.get_expert_model_parallel_rank() * (experts // ps.get_expert_model_parallel_world_size())
+    ep_rank = ps.get_expert_model_parallel_rank() if expert_rank is None else expert_rank
+    offset = ep_rank * (experts // ps.get_expert_model_parallel_world_size())
     names = {}
     for name in model.state_dict():
         full = _LAYER.sub(lambda m: f"decoder.layers.{layer_numbers[int(m.group(1))]}.", name)
@@ -186,18 +189,6 @@ def _is_glu(name: str, model: torch.nn.Module) -> bool:
     return name.endswith("linear_fc1.weight") and bool(model.config.gated_linear_unit)
 
 
-def _gather(local: torch.Tensor, dim: int, glu: bool, group) -> torch.Tensor:
-    size = dist.get_world_size(group)
-    if size == 1:
-        return local
-    pieces = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(pieces, local.contiguous(), group=group)
-    if glu:  # [gate_r; up_r] per rank -> [all gates; all ups]
-        halves = [p.chunk(2, dim=dim) for p in pieces]
-        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=dim)
-    return torch.cat(pieces, dim=dim)
-
-
 def _shard(full: torch.Tensor, dim: int, glu: bool, rank: int, size: int) -> torch.Tensor:
     if size == 1:
         return full
@@ -205,25 +196,6 @@ def _shard(full: torch.Tensor, dim: int, glu: bool, rank: int, size: int) -> tor
         gate, up = full.chunk(2, dim=dim)
         return torch.cat([gate.chunk(size, dim=dim)[rank], up.chunk(size, dim=dim)[rank]], dim=dim)
     return full.chunk(size, dim=dim)[rank]
-
-
-def export_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(full name, full tensor) of the weights this rank is responsible for: tensor-parallel shards gathered to
-    TP rank 0, data-parallel rank 0 only; the ranks together yield every full weight exactly once. Collective."""
-    from megatron.core import parallel_state as ps
-
-    params = dict(model.named_parameters())
-    names = full_names(model)
-    for name, tensor in model.state_dict().items():
-        if not isinstance(tensor, torch.Tensor) or name.endswith("_extra_state"):
-            continue
-        param = params.get(name)
-        tp_group, tp_rank, dp_group = _param_groups(name)
-        if param is not None and getattr(param, "tensor_model_parallel", False):
-            tensor = _gather(tensor.detach(), param.partition_dim, _is_glu(name, model), tp_group)
-        dp_rank = (ps.get_expert_data_parallel_rank() if is_expert(name) else ps.get_data_parallel_rank())
-        if tp_rank == 0 and dp_rank == 0:
-            yield names[name], tensor.detach()
 
 
 def load_full_weights(model: torch.nn.Module, full_tensor: Callable[[str, tuple[int, ...]], torch.Tensor],
@@ -294,29 +266,6 @@ def sum_over_data_parallel(stats):
     for key, value in zip(keys, sums.tolist()):
         setattr(stats, key, type(getattr(stats, key))(value))
     return stats
-
-
-def gather_to_rank0(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every rank's ``part`` merged on rank 0 (a pickled gather), {} on the others; ``part`` in one process."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return part
-    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(part, gathered, dst=0)
-    return {name: tensor for piece in gathered for name, tensor in piece.items()} if gathered is not None else {}
-
-
-def gather_to_stage_leader(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every rank's ``part`` of this pipeline stage merged on the stage's first rank (a pickled gather inside the
-    stage's tensor/data/context-parallel group), {} on the others: each stage then streams its own layers."""
-    from megatron.core import parallel_state as ps
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return part
-    group = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
-    leader = dist.get_global_rank(group, 0)
-    gathered = [None] * dist.get_world_size(group) if dist.get_rank() == leader else None
-    dist.gather_object(part, gathered, dst=leader, group=group)
-    return {name: tensor for piece in gathered for name, tensor in piece.items()} if gathered is not None else {}
 
 
 def stage_sender() -> int | None:

@@ -16,6 +16,7 @@ Equivalences the mapping relies on (same math on both sides):
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,34 +96,62 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[
 
 
 def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any], on_disk: bool = False) -> dict[str, torch.Tensor]:
-    """Full megatron state -> HF Qwen3-MoE names and layouts: the inverse of ``hf_to_megatron``.
+    """Megatron tensors -> HF Qwen3-MoE names and layouts: the inverse of ``hf_to_megatron``, for the whole state
+    or any part of it whose layers come with all their experts of a projection (the weight stream's export units).
 
     ``on_disk``: the checkpoint file's names instead (one ``mlp.experts.E.{gate,up,down}_proj.weight`` per
     expert), which is what vLLM's ``load_weights`` reads; transformers fuses them in memory."""
-    out = {name: meg[m] for m, name in GLOBAL_NAMES.items()}
     heads, groups, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     per_group = heads // groups
-    for layer in range(config["num_hidden_layers"]):
+    out = {name: meg[m] for m, name in GLOBAL_NAMES.items() if m in meg}
+    layers = sorted({int(match.group(1)) for match in map(_MEG_LAYER.match, meg) if match})
+    for layer in layers:
         h, m = f"model.layers.{layer}.", f"decoder.layers.{layer}."
         for mname, name in LAYER_NAMES.items():
-            out[h + name] = meg[m + mname]
-        qkv = meg[m + "self_attention.linear_qkv.weight"]
-        q, k, v = qkv.view(groups, (per_group + 2) * dim, -1).split([per_group * dim, dim, dim], dim=1)
-        out[h + "self_attn.q_proj.weight"] = q.reshape(-1, qkv.shape[-1])
-        out[h + "self_attn.k_proj.weight"] = k.reshape(-1, qkv.shape[-1])
-        out[h + "self_attn.v_proj.weight"] = v.reshape(-1, qkv.shape[-1])
-        fc1 = [meg[f"{m}mlp.experts.local_experts.{e}.linear_fc1.weight"] for e in range(config["num_experts"])]
-        fc2 = [meg[f"{m}mlp.experts.local_experts.{e}.linear_fc2.weight"] for e in range(config["num_experts"])]
-        if on_disk:
-            for e, (gate_up, down) in enumerate(zip(fc1, fc2)):
-                gate, up = gate_up.chunk(2, dim=0)
-                out[f"{h}mlp.experts.{e}.gate_proj.weight"] = gate
-                out[f"{h}mlp.experts.{e}.up_proj.weight"] = up
-                out[f"{h}mlp.experts.{e}.down_proj.weight"] = down
-        else:
-            out[h + "mlp.experts.gate_up_proj"] = torch.stack(fc1)
-            out[h + "mlp.experts.down_proj"] = torch.stack(fc2)
+            if m + mname in meg:
+                out[h + name] = meg[m + mname]
+        qkv = meg.get(m + "self_attention.linear_qkv.weight")
+        if qkv is not None:
+            q, k, v = qkv.view(groups, (per_group + 2) * dim, -1).split([per_group * dim, dim, dim], dim=1)
+            out[h + "self_attn.q_proj.weight"] = q.reshape(-1, qkv.shape[-1])
+            out[h + "self_attn.k_proj.weight"] = k.reshape(-1, qkv.shape[-1])
+            out[h + "self_attn.v_proj.weight"] = v.reshape(-1, qkv.shape[-1])
+        for proj, fused in (("linear_fc1", "gate_up_proj"), ("linear_fc2", "down_proj")):
+            parts = [meg.get(f"{m}mlp.experts.local_experts.{e}.{proj}.weight") for e in range(config["num_experts"])]
+            if all(p is None for p in parts):
+                continue
+            if any(p is None for p in parts):
+                missing = [e for e, p in enumerate(parts) if p is None]
+                raise TrainerError(f"decoder.layers.{layer}.mlp.experts {proj}: experts {missing} are missing, "
+                                   "cannot name the layer's experts for the rollout")
+            if not on_disk:
+                out[h + f"mlp.experts.{fused}"] = torch.stack(parts)
+                continue
+            for e, part in enumerate(parts):
+                if proj == "linear_fc2":
+                    out[f"{h}mlp.experts.{e}.down_proj.weight"] = part
+                else:
+                    out[f"{h}mlp.experts.{e}.gate_proj.weight"], out[f"{h}mlp.experts.{e}.up_proj.weight"] = part.chunk(2, dim=0)
+    unknown = [n for n in meg if not _known(n, config)]
+    if unknown:
+        raise TrainerError(f"{unknown[0]}: not a megatron Qwen3-MoE weight name this mapping knows")
     return out
+
+
+_MEG_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_MEG_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.linear_fc[12]\.weight$")
+
+
+def _known(name: str, config: dict[str, Any]) -> bool:
+    if name in GLOBAL_NAMES:
+        return True
+    match = _MEG_LAYER.match(name)
+    if not match:
+        return False
+    suffix = match.group(2)
+    expert = _MEG_EXPERT.match(suffix)
+    return (suffix in LAYER_NAMES or suffix == "self_attention.linear_qkv.weight"
+            or (expert is not None and int(expert.group(1)) < config["num_experts"]))
 
 
 def provider(recipe):

@@ -54,11 +54,11 @@ from repro.train.megatron.config import megatron_layout
 from repro.train.optimizer import MasterAdamW
 from repro.train.zero1 import ShardedMasterAdamW
 from repro.train.megatron.parallel import (
-    RearmOnBackward, ensure_model_parallel, export_full_weights, from_last_stage, gather_to_rank0, global_grad_norm,
-    gather_to_stage_leader, is_expert, stage_sender,
+    RearmOnBackward, ensure_model_parallel, from_last_stage, global_grad_norm, is_expert, stage_sender,
     lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
+from repro.train.megatron.stream_weights import stage_weights, whole_model_weights
 from repro.train.megatron.model import (
     detach_from_global_replay_list, sequence_first, forward_logits, load_weights, moe_routers, weight_state,
 )
@@ -72,8 +72,10 @@ class MegatronTrainer:
             ``moe_enable_routing_replay`` (``repro.train.megatron.tiny``; a DSV4 model through
             ``actor.model_provider`` on a cluster).
         parallel_state: ``megatron_layout(recipe)["parallel_state"]``; default all 1 (one CPU process).
-        export_names: optional ``dict -> dict`` applied to the full weights ``named_weights`` yields, e.g.
+        export_names: optional ``dict -> dict`` mapping full Megatron weights to the names the rollout serves, e.g.
             ``repro.train.megatron.dsv4_names.megatron_state_to_hf`` for a DSV4 model whose rollout wants HF names.
+            Called once per export unit (``repro.train.megatron.stream_weights.export_unit``: one layer's experts
+            of one projection, one layer's other tensors, a top-level tensor), never on a whole stage.
         The other arguments are ``EmbeddedTrainer``'s (``repro.train.grpo_update.recipe_settings``).
     """
 
@@ -273,35 +275,22 @@ class MegatronTrainer:
     # ---- weights and state ---------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The whole model's full (world-size-1) weights on rank 0 -- each rank exports its share, gathered there
-        -- as detached CPU copies in the trainer's dtype (BF16 for a bf16 recipe), names mapped by
-        ``export_names`` when given; nothing on the other ranks. Collective: every rank must call it.
-
-        The gather is a pickled one through the trainer's process group: the CPU lanes' transport. AMD streams
-        2 GB buckets to the rollout node over RDMA instead; a 284B model must not pass through one rank like this.
-        """
-        yield from self._exported(gather_to_rank0).items()
+        """The whole model's full (world-size-1) weights on rank 0, one at a time -- every stage streamed to its
+        first rank (``stage_weights``), later stages forwarded point to point -- as detached CPU copies in the
+        trainer's dtype (BF16 for a bf16 recipe), names mapped by ``export_names`` when given; nothing on the
+        other ranks. Collective: every rank must call it and walk it to the end. No tensor is pickled."""
+        yield from whole_model_weights(self.model, self.dtype, self.export_names)
 
     def stage_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """What the weight sync sends from this rank: its pipeline stage's full weights on the stage's first rank
-        (TP/EP shards gathered there; ``export_names`` applied per stage), nothing elsewhere. Collective."""
-        yield from self._exported(gather_to_stage_leader).items()
+        """What the weight sync sends from this rank: its pipeline stage's full weights on the stage's first rank,
+        one tensor at a time (TP/EP shards gathered there per tensor with tensor collectives; ``export_names``
+        applied per export unit, e.g. one layer's experts), nothing elsewhere. Collective over the stage: its
+        first rank holds one unit at a time, never the stage (``repro.train.megatron.stream_weights``)."""
+        yield from stage_weights(self.model, self.dtype, self.export_names)
 
     def sync_sender(self) -> int | None:
         """This rank's sender index in the weight sync (its pipeline stage), or None where it only gathers."""
         return stage_sender()
-
-    def _exported(self, gather: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        part = {}
-        for name, tensor in export_full_weights(self.model):
-            tensor = tensor.detach().to("cpu")
-            if tensor.is_floating_point():
-                tensor = tensor.to(self.dtype)
-            part[name] = tensor.clone()
-        weights = gather(part)
-        if weights and self.export_names is not None:
-            weights = self.export_names(weights)
-        return weights
 
     def _rank_dir(self, directory: str | Path) -> Path:
         """Each rank keeps its own shard: ``directory`` itself at world size 1, ``directory/rank-NNNNN`` above."""
