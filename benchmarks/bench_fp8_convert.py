@@ -47,7 +47,7 @@ def layer_tensors(i: int, experts: int) -> list[tuple[str, tuple[int, ...]]]:
         (f"{p}.attn.q_norm.weight", (Q_LORA,)),
         (f"{p}.attn.wq_b.weight", (HEADS * HEAD_DIM, Q_LORA)),
         (f"{p}.attn.wkv.weight", (HEAD_DIM, HIDDEN)),
-        (f"{p}.attn.norm.weight", (HEAD_DIM,)),
+        (f"{p}.attn.kv_norm.weight", (HEAD_DIM,)),
         (f"{p}.attn.wo_a.weight", (O_GROUPS * O_LORA, HEADS * HEAD_DIM // O_GROUPS)),
         (f"{p}.attn.wo_b.weight", (HIDDEN, O_GROUPS * O_LORA)),
         (f"{p}.attn.attn_sink", (HEADS,)),
