@@ -175,3 +175,25 @@ def test_the_cast_rounds_values_just_above_max_down_to_max(fmt):
     for s in (scale, quant._ceil_pow2(scale)):
         y = amax * s.reciprocal()
         assert float(y.max()) < fmt.max * (1 + 2.0**-20)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fp8_written_over_the_input_gives_the_same_bytes(monkeypatch, threads):
+    monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 14)  # many slabs, each overwriting earlier slabs' input
+    g = torch.Generator().manual_seed(7)
+    for shape, dtype in (((1000, 1100), torch.float32), ((640, 1536), torch.bfloat16), ((3, 260, 130), torch.bfloat16),
+                         ((130, 100), torch.float32)):
+        w = _tensor("x.up_proj.weight" if shape == (640, 1536) else "x", shape, torch.float32, 0.02, g).to(dtype)
+        want_q, want_s, want_err = quantize_block_with_error(w, "e4m3fnuz")
+        scratch = w.clone()
+        q, s, err = quantize_block_with_error(scratch, "e4m3fnuz", threads=threads, overwrite_input=True)
+        assert q.untyped_storage().data_ptr() == scratch.untyped_storage().data_ptr()  # no new allocation
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+        # whole-row slabs here: the same figures up to the order of the fp32 sums
+        assert err.max_abs_err == want_err.max_abs_err and err.max_abs_ref == want_err.max_abs_ref
+        assert err.rel_error == pytest.approx(want_err.rel_error, rel=1e-5)
+    strided = torch.randn(256, 512).t()  # not contiguous: quantised into fresh memory, the input left alone
+    before = strided.clone()
+    q, _, _ = quantize_block_with_error(strided, "e4m3fn", overwrite_input=True)
+    assert torch.equal(strided, before)
+    assert torch.equal(q.view(torch.uint8), quantize_block(before, "e4m3fn")[0].view(torch.uint8))

@@ -172,6 +172,7 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
                     sh.items(read), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
                     max_rel_error=opts.max_rel_error, on_stats=stats.append, where=sh.src,
                     scale_namer=release_scale_name if release else scale_name, threads=_threads(opts),
+                    overwrite_input=True,  # each tensor is in `buffer`, written out before the next is read
                 )
             else:
                 converted = fn_to_fnuz_tensors(sh.items(read), sh.scales, on_stats=stats.append, where=sh.src)

@@ -110,10 +110,16 @@ def quantize_block(
 
 def quantize_block_with_error(
     w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False,
-    threads: int = 1,
+    threads: int = 1, overwrite_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums]:
-    """`quantize_block` plus the error of dequant(q) against w, computed in the same pass over the data."""
-    return _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=True, threads=threads)
+    """`quantize_block` plus the error of dequant(q) against w, computed in the same pass over the data.
+
+    `overwrite_input`: w is scratch (a converter's read buffer), so on CPU the FP8 bytes are written over the
+    front of w's own memory, each slab's only once the slabs whose input it covers have been read; q is then a
+    view of w's storage and w is garbage. This saves allocating q (the converter's largest tensor after its read
+    buffer). Falls back to a fresh q when w is not contiguous."""
+    return _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=True, threads=threads,
+                     overwrite_input=overwrite_input)
 
 
 def dequantize_block(
@@ -162,7 +168,8 @@ def e4m3fn_to_e4m3fnuz(
 
 
 def _quantize(
-    w: torch.Tensor, fmt: FP8Format, block: int, pow2: bool, with_error: bool, threads: int = 1
+    w: torch.Tensor, fmt: FP8Format, block: int, pow2: bool, with_error: bool, threads: int = 1,
+    overwrite_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums | None]:
     if w.ndim < 2:
         raise ValueError(f"block quantisation needs a [..., N, K] tensor, got shape {tuple(w.shape)}")
@@ -170,10 +177,15 @@ def _quantize(
         raise TypeError(f"expected a bf16/fp16/fp32 tensor, got {w.dtype}")
     *lead, n, k = w.shape
     w3 = w.reshape(-1, n, k).contiguous()
-    q = torch.empty(w3.shape, dtype=fmt.dtype, device=w.device)
+    in_place = overwrite_input and w.device.type == "cpu" and w.is_contiguous() and w.numel() > 0
+    if in_place:  # the front numel bytes of w's memory, in w's element order
+        q = w3.view(torch.uint8).reshape(-1)[: w3.numel()].view(fmt.dtype).view(w3.shape)
+    else:
+        q = torch.empty(w3.shape, dtype=fmt.dtype, device=w.device)
     scale = torch.empty((w3.shape[0], -(-n // block), -(-k // block)), dtype=torch.float32, device=w.device)
     if w.device.type == "cpu":  # slabs of whole blocks: block-rows x a run of block-columns, ~_CPU_SLAB_ELEMS
-        slab_cols = min(k, block * max(1, _CPU_SLAB_ELEMS // (block * block)))
+        # whole rows when writing in place, so that each slab is one run of memory
+        slab_cols = k if in_place else min(k, block * max(1, _CPU_SLAB_ELEMS // (block * block)))
         slab_rows = block * max(1, _CPU_SLAB_ELEMS // (block * max(slab_cols, 1)))
     else:
         slab_rows, slab_cols = max(n, 1), max(k, 1)
@@ -184,21 +196,33 @@ def _quantize(
     cols = [(c, min(c + slab_cols, k)) for c in range(0, k, slab_cols)]
     slabs = [(e, r0, r1, c0, c1) for e in range(w3.shape[0]) for r0, r1 in rows for c0, c1 in cols]
     workspaces = threading.local()
+    # In place, slab i's bytes [a_i, b_i) cover the input of every slab j <= i whose input bytes start below
+    # b_i; slabs are started in order, so waiting for those to have read their input cannot deadlock.
+    read = [threading.Event() for _ in slabs] if in_place else None
+    start = [(e * n + r0) * k for e, r0, _, _, _ in slabs]
 
-    def one_slab(slab) -> torch.Tensor:
-        e, r0, r1, c0, c1 = slab
+    def one_slab(i: int) -> torch.Tensor:
+        e, r0, r1, c0, c1 = slabs[i]
         work = getattr(workspaces, "work", None)
         if work is None:
             work = workspaces.work = _Workspace(min(slab_rows, n) * slab_cols, w.device)
         s = scale[e, r0 // block : -(-r1 // block), c0 // block : -(-c1 // block)]
-        return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work)
+        if read is None:
+            return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work)
+        end = start[i] + (r1 - r0) * k
+        covered = [read[j] for j in range(i) if start[j] * w.dtype.itemsize < end]
+        try:
+            return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work,
+                                  (read[i].set, lambda: [event.wait() for event in covered]))
+        finally:
+            read[i].set()  # also on an error, so that no other slab waits forever
 
     threads = max(1, min(threads, len(slabs)))
     if threads == 1:
-        figures = [one_slab(slab) for slab in slabs]
+        figures = [one_slab(i) for i in range(len(slabs))]
     else:
         with ThreadPoolExecutor(threads, thread_name_prefix="fp8-slab") as pool:
-            figures = list(pool.map(one_slab, slabs))
+            figures = list(pool.map(one_slab, range(len(slabs))))
     figures = torch.stack(figures) if figures else torch.zeros((0, 6 if with_error else 1))
     # the last figure of a slab is its largest |w|, NaN or Inf if any element is: one check per tensor
     if not bool(torch.isfinite(figures[:, -1]).all()):
@@ -225,11 +249,13 @@ def _ceil_pow2(scale: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(scale), exponent)
 
 
-def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, with_error: bool, work: _Workspace):
+def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, with_error: bool, work: _Workspace,
+                   hooks=None):
     """x [rows, cols] -> q [rows, cols], s [gb, nbk] (views into the tensor's outputs). rows is a multiple of
     `block` or the one partial block-row; cols is a multiple of `block` except in the last column slab.
     Returns the slab's error figures (see `_slab_error`) when `with_error`, else [max |x|]; nothing is checked
-    here, so a slab never waits for a conversion to Python (the caller checks that max |x| is finite)."""
+    here, so a slab never waits for a conversion to Python (the caller checks that max |x| is finite).
+    hooks: (called once x is read, called before q is written), for q written over the input."""
     rows, k = x.shape
     gb = s.shape[0]
     rb = rows // gb
@@ -243,6 +269,8 @@ def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, with_error: 
     n = rows * k
     f, a, y = (buf[:n].view(rows, k) for buf in (work.f, work.a, work.y))
     f.copy_(x)  # fp32 copy of the input
+    if hooks:
+        hooks[0]()
     torch.abs(f, out=a)
     a_main, a_tail = split(a)
     amax = torch.empty((gb, s.shape[1]), dtype=torch.float32, device=x.device)
@@ -262,6 +290,8 @@ def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, with_error: 
         torch.mul(f_tail, inv[:, nbf:, None], out=y_tail)
     # No clamp to ±max: |y| <= amax / (amax / max) exceeds max by a few ulps at most, and torch's cast rounds
     # everything below the midpoint to the next (absent) binade down to ±max, in both formats (tested).
+    if hooks:
+        hooks[1]()
     q.copy_(y)
     amax_max = amax.max().reshape(1) if amax.numel() else amax.new_zeros(1)
     if with_error:
