@@ -232,7 +232,7 @@ def _quantize(
 
 
 class _Workspace:
-    """Scratch buffers reused by every slab of one tensor: the fp32 input, |input|, a 4-byte buffer for
+    """Scratch buffers reused by every slab one thread quantises (one set per thread): the fp32 input, |input|, a 4-byte buffer for
     the scaled values (then the dequantised ones, via their bits) and a byte buffer."""
 
     def __init__(self, numel: int, device: torch.device):
