@@ -232,8 +232,8 @@ def _quantize(
 
 
 class _Workspace:
-    """Scratch buffers reused by every slab one thread quantises (one set per thread): the fp32 input, |input|, a 4-byte buffer for
-    the scaled values (then the dequantised ones, via their bits) and a byte buffer."""
+    """Scratch buffers reused by every slab one thread quantises (one set per thread): the fp32 input, |input|,
+    a 4-byte buffer for the scaled values (then the dequantised ones, via their bits) and a byte buffer."""
 
     def __init__(self, numel: int, device: torch.device):
         self.f = torch.empty(numel, dtype=torch.float32, device=device)
