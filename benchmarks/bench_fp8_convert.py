@@ -47,7 +47,7 @@ def layer_tensors(i: int, experts: int) -> list[tuple[str, tuple[int, ...]]]:
         (f"{p}.attn.q_norm.weight", (Q_LORA,)),
         (f"{p}.attn.wq_b.weight", (HEADS * HEAD_DIM, Q_LORA)),
         (f"{p}.attn.wkv.weight", (HEAD_DIM, HIDDEN)),
-        (f"{p}.attn.norm.weight", (HEAD_DIM,)),
+        (f"{p}.attn.kv_norm.weight", (HEAD_DIM,)),
         (f"{p}.attn.wo_a.weight", (O_GROUPS * O_LORA, HEADS * HEAD_DIM // O_GROUPS)),
         (f"{p}.attn.wo_b.weight", (HIDDEN, O_GROUPS * O_LORA)),
         (f"{p}.attn.attn_sink", (HEADS,)),
@@ -109,7 +109,13 @@ def build(src: Path, size_gb: float, shard_gb: float, layers: int) -> dict:
         save_file(tensors, src / fname, metadata={"format": "pt"})
         weight_map.update({n: fname for n in tensors})
     (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (src / "config.json").write_text(json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}))
+    # the release's config keys (as DeepSeek-V4-Flash ships them), so the converter copies the config as is
+    from transformers import DeepseekV4Config
+
+    from repro.model.release_config import release_config
+
+    config = release_config(DeepseekV4Config(num_hidden_layers=layers, hidden_size=HIDDEN, vocab_size=VOCAB))
+    (src / "config.json").write_text(json.dumps(config))
     files = sorted(src.glob("*.safetensors"))
     return {"layers": layers, "experts_per_layer": experts, "tensors": len(names), "shards": len(files),
             "bytes": sum(f.stat().st_size for f in files), "largest_shard_bytes": max(f.stat().st_size for f in files),
@@ -148,7 +154,7 @@ def time_cp(src: Path, dst: Path, with_sync: bool) -> tuple[float, float]:
     return time.perf_counter() - start, children_cpu_seconds() - cpu
 
 
-def time_convert(src: Path, dst: Path, workers: int, fmt: str, fsync: bool) -> dict:
+def time_convert(src: Path, dst: Path, workers: int, threads: int, fmt: str, fsync: bool) -> dict:
     """One `repro convert` run; its RSS (main process + workers) is also sampled every 20 ms with psutil."""
     import psutil
 
@@ -156,7 +162,7 @@ def time_convert(src: Path, dst: Path, workers: int, fmt: str, fsync: bool) -> d
     sh("sync")
     warm(src)
     cmd = [sys.executable, "-m", "repro", "convert", "--input", str(src), "--output", str(dst), "--format", fmt,
-           "--workers", str(workers), "--json"] + ([] if fsync else ["--no-fsync"])
+           "--workers", str(workers), "--threads", str(threads), "--json"] + ([] if fsync else ["--no-fsync"])
     cpu, start = children_cpu_seconds(), time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     parent, sampled = psutil.Process(proc.pid), 0
@@ -212,7 +218,8 @@ def main() -> int:
     ap.add_argument("--size-gb", type=float, default=2.4)
     ap.add_argument("--shard-gb", type=float, default=0.5)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--workers", type=int, default=1, help="converter processes (shards in parallel)")
+    ap.add_argument("--threads", type=int, default=0, help="threads per worker (0: the cores / workers)")
     ap.add_argument("--format", default="e4m3fnuz", choices=["e4m3fn", "e4m3fnuz"])
     ap.add_argument("--repeats", type=int, default=2, help="interleaved repetitions; the best of each is reported")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_fp8_convert.json"))
@@ -232,9 +239,9 @@ def main() -> int:
     runs: dict[str, list] = {"cp": [], "convert": [], "cp_sync": [], "convert_fsync": []}
     for _ in range(args.repeats):  # interleaved, best of N: the machine may be shared
         runs["cp"].append(time_cp(src, cp_dst, with_sync=False))
-        runs["convert"].append(time_convert(src, fp8_dst, args.workers, args.format, fsync=False))
+        runs["convert"].append(time_convert(src, fp8_dst, args.workers, args.threads, args.format, fsync=False))
         runs["cp_sync"].append(time_cp(src, cp_dst, with_sync=True))
-        runs["convert_fsync"].append(time_convert(src, fp8_dst, args.workers, args.format, fsync=True))
+        runs["convert_fsync"].append(time_convert(src, fp8_dst, args.workers, args.threads, args.format, fsync=True))
     shutil.rmtree(cp_dst, ignore_errors=True)
     alone = quantiser_alone(args.format)
     cp_best = gb / min(w for w, _ in runs["cp"])
@@ -243,7 +250,8 @@ def main() -> int:
     conv_sync = max(runs["convert_fsync"], key=lambda r: r["input_gb_per_s"])
     every_conv = runs["convert"] + runs["convert_fsync"]
     result = {
-        "checkpoint": info, "format": args.format, "workers": args.workers, "cpu_count": os.cpu_count(),
+        "checkpoint": info, "format": args.format, "workers": args.workers, "threads": args.threads,
+        "cpu_count": os.cpu_count(),
         "repeats": args.repeats, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cp_gb_per_s": round(cp_best, 3),
         "convert_gb_per_s": conv["input_gb_per_s"],
@@ -274,10 +282,10 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    print("\n| input | workers | load avg | cp | convert (steady) | ratio | cp+sync | convert+fsync | ratio "
+    print("\n| input | workers x threads | load avg | cp | convert (steady) | ratio | cp+sync | convert+fsync | ratio "
           "| GB/CPU-s cp / convert | peak RSS (torch alone) | largest shard / tensor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {gb:.2f} GB, {info['shards']} shards | {args.workers} of {os.cpu_count()} cores "
+    print(f"| {gb:.2f} GB, {info['shards']} shards | {args.workers} x {args.threads or 'auto'} threads, {os.cpu_count()} cores "
           f"| {load_before[0]:.1f} | {result['cp_gb_per_s']} GB/s "
           f"| {result['convert_gb_per_s']} ({result['convert_steady_gb_per_s']}) GB/s | {result['ratio_to_cp']} "
           f"| {result['cp_sync_gb_per_s']} GB/s | {result['convert_fsync_gb_per_s']} GB/s "

@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="e4m3fn", choices=sorted(FORMATS),
                         help="e4m3fn (max 448: NVIDIA, MI350) or e4m3fnuz (max 240: MI300/MI308X)")
     parser.add_argument("--workers", type=int, default=1, help="shards converted in parallel processes")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads quantising each tensor, per worker (default 0: the CPU cores / workers)")
     parser.add_argument("--pow2-scales", action="store_true",
                         help="round each block scale up to a power of two (UE8M0, as DeepSeek-V4 ships)")
     parser.add_argument("--max-rel-error", type=float, default=None,
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         print("repro convert: error: --output is required (or pass --list)", file=sys.stderr)
         return 2
-    opts = ConvertOptions(fmt=args.format, pow2_scale=args.pow2_scales, workers=args.workers,
+    opts = ConvertOptions(fmt=args.format, pow2_scale=args.pow2_scales, workers=args.workers, threads=args.threads,
                           max_rel_error=args.max_rel_error, fsync=not args.no_fsync, overwrite=args.overwrite,
                           progress=not args.quiet and not args.json)
     result = convert_checkpoint(args.input, args.output, opts)

@@ -47,6 +47,7 @@ class ConvertOptions:
     fmt: str = "e4m3fn"  # or "e4m3fnuz" (MI300/MI308X)
     pow2_scale: bool = False  # UE8M0 scales, rounded up to a power of two
     workers: int = 1  # shards converted in parallel processes
+    threads: int = 0  # threads quantising the slabs of each tensor, per worker; 0: the cores / workers
     max_rel_error: float | None = None  # per-tensor failure threshold; None = the theoretical bound
     fsync: bool = True  # fsync each shard before marking it done
     overwrite: bool = False  # replace an existing output folder
@@ -170,7 +171,8 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
                 converted = quantize_tensors(
                     sh.items(read), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
                     max_rel_error=opts.max_rel_error, on_stats=stats.append, where=sh.src,
-                    scale_namer=release_scale_name if release else scale_name,
+                    scale_namer=release_scale_name if release else scale_name, threads=_threads(opts),
+                    overwrite_input=True,  # each tensor is in `buffer`, written out before the next is read
                 )
             else:
                 converted = fn_to_fnuz_tensors(sh.items(read), sh.scales, on_stats=stats.append, where=sh.src)
@@ -195,6 +197,10 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
     }
     _write_json_atomic(tmp_dir / ".done" / f"{sh.name}.json", marker)
     return marker
+
+
+def _threads(opts: ConvertOptions) -> int:
+    return opts.threads if opts.threads > 0 else max(1, (os.cpu_count() or 1) // max(1, opts.workers))
 
 
 def _run(todo: list[ShardPlan], tmp: Path, mode: str, fmt: FP8Format, opts: ConvertOptions, total: int, already: int,

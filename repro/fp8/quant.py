@@ -12,15 +12,19 @@ and a single NaN (bit pattern 0x80), and a cast of an out-of-range value gives N
 ±max before the cast. `e4m3fn_to_e4m3fnuz` is vLLM's rule for loading an fn checkpoint on ROCm.
 
 The quantiser is vectorised: per slab of block-rows, one bf16->fp32 copy, |x|, one amax over the block
-dimensions of a [rows/128, 128, K/128, 128] view, one multiply by 1/s, one clamp, one cast. On CPU the
-slab is a few block-rows (sized to stay in cache, which is ~10x faster than whole-tensor temporaries);
-elsewhere it is the whole matrix. The optional error pass dequantises with integer bit operations (exact;
-see `fp8_to_float`) because torch's fp8->fp32 cast is scalar on CPU.
+dimensions of a [rows/128, 128, K/128, 128] view, one multiply by 1/s, one cast. On CPU the slab is a few
+block-rows (sized to stay in cache, which is ~10x faster than whole-tensor temporaries), and `threads` > 1
+spreads the slabs of one tensor over Python threads (torch releases the GIL inside each op; every thread has
+its own scratch buffers, and the per-slab error sums are added in slab order, so the result does not depend
+on the thread count); elsewhere the slab is the whole matrix. The optional error pass dequantises with
+integer bit operations (exact; see `fp8_to_float`) because torch's fp8->fp32 cast is scalar on CPU.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -90,23 +94,32 @@ class NonFiniteInputError(ValueError):
 
 
 def quantize_block(
-    w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False
+    w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False,
+    threads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """w [..., N, K] (bf16/fp16/fp32) -> (q [..., N, K] fp8, scale_inv [..., ceil(N/b), ceil(K/b)] fp32).
 
     Dequantise with `dequantize_block(q, scale_inv)` = q.float() × scale per block. `pow2_scale` rounds each
     scale UP to a power of two (UE8M0, as DeepSeek's own V4 checkpoints store them), so no value overflows
-    and 1/scale is exact. Raises NonFiniteInputError if w holds NaN or Inf.
+    and 1/scale is exact. `threads` > 1 quantises the CPU slabs on that many threads (same bytes). Raises
+    NonFiniteInputError if w holds NaN or Inf.
     """
-    q, s, _ = _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=False)
+    q, s, _ = _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=False, threads=threads)
     return q, s
 
 
 def quantize_block_with_error(
-    w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False
+    w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False,
+    threads: int = 1, overwrite_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums]:
-    """`quantize_block` plus the error of dequant(q) against w, computed in the same pass over the data."""
-    return _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=True)
+    """`quantize_block` plus the error of dequant(q) against w, computed in the same pass over the data.
+
+    `overwrite_input`: w is scratch (a converter's read buffer), so on CPU the FP8 bytes are written over the
+    front of w's own memory, each slab's only once the slabs whose input it covers have been read; q is then a
+    view of w's storage and w is garbage. This saves allocating q (the converter's largest tensor after its read
+    buffer). Falls back to a fresh q when w is not contiguous."""
+    return _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=True, threads=threads,
+                     overwrite_input=overwrite_input)
 
 
 def dequantize_block(
@@ -155,7 +168,8 @@ def e4m3fn_to_e4m3fnuz(
 
 
 def _quantize(
-    w: torch.Tensor, fmt: FP8Format, block: int, pow2: bool, with_error: bool
+    w: torch.Tensor, fmt: FP8Format, block: int, pow2: bool, with_error: bool, threads: int = 1,
+    overwrite_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums | None]:
     if w.ndim < 2:
         raise ValueError(f"block quantisation needs a [..., N, K] tensor, got shape {tuple(w.shape)}")
@@ -163,33 +177,63 @@ def _quantize(
         raise TypeError(f"expected a bf16/fp16/fp32 tensor, got {w.dtype}")
     *lead, n, k = w.shape
     w3 = w.reshape(-1, n, k).contiguous()
-    q = torch.empty(w3.shape, dtype=fmt.dtype, device=w.device)
+    in_place = overwrite_input and w.device.type == "cpu" and w.is_contiguous() and w.numel() > 0
+    if in_place:  # the front numel bytes of w's memory, in w's element order
+        q = w3.view(torch.uint8).reshape(-1)[: w3.numel()].view(fmt.dtype).view(w3.shape)
+    else:
+        q = torch.empty(w3.shape, dtype=fmt.dtype, device=w.device)
     scale = torch.empty((w3.shape[0], -(-n // block), -(-k // block)), dtype=torch.float32, device=w.device)
-    err = ErrorSums() if with_error else None
     if w.device.type == "cpu":  # slabs of whole blocks: block-rows x a run of block-columns, ~_CPU_SLAB_ELEMS
-        slab_cols = min(k, block * max(1, _CPU_SLAB_ELEMS // (block * block)))
+        # whole rows when writing in place, so that each slab is one run of memory
+        slab_cols = k if in_place else min(k, block * max(1, _CPU_SLAB_ELEMS // (block * block)))
         slab_rows = block * max(1, _CPU_SLAB_ELEMS // (block * max(slab_cols, 1)))
     else:
         slab_rows, slab_cols = max(n, 1), max(k, 1)
-    work = _Workspace(min(slab_rows, n) * slab_cols, w.device)
     full = n // block * block
     rows = [(r, min(r + slab_rows, full)) for r in range(0, full, slab_rows)]
     if full < n:
         rows.append((full, n))  # the one partial block-row at the bottom edge
     cols = [(c, min(c + slab_cols, k)) for c in range(0, k, slab_cols)]
-    for e in range(w3.shape[0]):
-        for r0, r1 in rows:
-            for c0, c1 in cols:
-                s = scale[e, r0 // block : -(-r1 // block), c0 // block : -(-c1 // block)]
-                _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, err, work)
-    if err is not None:
-        err.numel = w.numel()
+    slabs = [(e, r0, r1, c0, c1) for e in range(w3.shape[0]) for r0, r1 in rows for c0, c1 in cols]
+    workspaces = threading.local()
+    # In place, slab i's bytes [a_i, b_i) cover the input of every slab j <= i whose input bytes start below
+    # b_i; slabs are started in order, so waiting for those to have read their input cannot deadlock.
+    read = [threading.Event() for _ in slabs] if in_place else None
+    start = [(e * n + r0) * k for e, r0, _, _, _ in slabs]
+
+    def one_slab(i: int) -> torch.Tensor:
+        e, r0, r1, c0, c1 = slabs[i]
+        work = getattr(workspaces, "work", None)
+        if work is None:
+            work = workspaces.work = _Workspace(min(slab_rows, n) * slab_cols, w.device)
+        s = scale[e, r0 // block : -(-r1 // block), c0 // block : -(-c1 // block)]
+        if read is None:
+            return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work)
+        end = start[i] + (r1 - r0) * k
+        covered = [read[j] for j in range(i) if start[j] * w.dtype.itemsize < end]
+        try:
+            return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work,
+                                  (read[i].set, lambda: [event.wait() for event in covered]))
+        finally:
+            read[i].set()  # also on an error, so that no other slab waits forever
+
+    threads = max(1, min(threads, len(slabs)))
+    if threads == 1:
+        figures = [one_slab(i) for i in range(len(slabs))]
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="fp8-slab") as pool:
+            figures = list(pool.map(one_slab, range(len(slabs))))
+    figures = torch.stack(figures) if figures else torch.zeros((0, 6 if with_error else 1))
+    # the last figure of a slab is its largest |w|, NaN or Inf if any element is: one check per tensor
+    if not bool(torch.isfinite(figures[:, -1]).all()):
+        raise NonFiniteInputError("holds NaN or Inf")
+    err = _error_sums(figures, fmt, w.numel()) if with_error else None
     return q.reshape(w.shape), scale.reshape(*lead, *scale.shape[1:]), err
 
 
 class _Workspace:
-    """Scratch buffers reused by every slab of one tensor: the fp32 input, |input|, a 4-byte buffer for
-    the scaled values (then the dequantised ones, via their bits) and a byte buffer."""
+    """Scratch buffers reused by every slab one thread quantises (one set per thread): the fp32 input, |input|,
+    a 4-byte buffer for the scaled values (then the dequantised ones, via their bits) and a byte buffer."""
 
     def __init__(self, numel: int, device: torch.device):
         self.f = torch.empty(numel, dtype=torch.float32, device=device)
@@ -205,9 +249,13 @@ def _ceil_pow2(scale: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(scale), exponent)
 
 
-def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, err: ErrorSums | None, work: _Workspace):
+def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, with_error: bool, work: _Workspace,
+                   hooks=None):
     """x [rows, cols] -> q [rows, cols], s [gb, nbk] (views into the tensor's outputs). rows is a multiple of
-    `block` or the one partial block-row; cols is a multiple of `block` except in the last column slab."""
+    `block` or the one partial block-row; cols is a multiple of `block` except in the last column slab.
+    Returns the slab's error figures (see `_slab_error`) when `with_error`, else [max |x|]; nothing is checked
+    here, so a slab never waits for a conversion to Python (the caller checks that max |x| is finite).
+    hooks: (called once x is read, called before q is written), for q written over the input."""
     rows, k = x.shape
     gb = s.shape[0]
     rb = rows // gb
@@ -221,6 +269,8 @@ def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, err: ErrorSu
     n = rows * k
     f, a, y = (buf[:n].view(rows, k) for buf in (work.f, work.a, work.y))
     f.copy_(x)  # fp32 copy of the input
+    if hooks:
+        hooks[0]()
     torch.abs(f, out=a)
     a_main, a_tail = split(a)
     amax = torch.empty((gb, s.shape[1]), dtype=torch.float32, device=x.device)
@@ -228,8 +278,6 @@ def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, err: ErrorSu
         amax[:, :nbf] = a_main.amax(dim=3).amax(dim=1)
     if tail:
         amax[:, nbf] = a_tail.amax(dim=2).amax(dim=1)
-    if not bool(torch.isfinite(amax).all()):  # amax propagates NaN and Inf from any element
-        raise NonFiniteInputError("holds NaN or Inf")
     scale = (amax / fmt.max).clamp_(min=_MIN_SCALE)
     if pow2:
         scale = _ceil_pow2(scale)
@@ -240,15 +288,33 @@ def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, err: ErrorSu
         torch.mul(f_main, inv[:, None, :nbf, None], out=y_main)
     if tail:
         torch.mul(f_tail, inv[:, nbf:, None], out=y_tail)
-    y.clamp_(-fmt.max, fmt.max)  # e4m3fnuz turns out-of-range values into NaN: clamp before the cast
+    # No clamp to ±max: |y| <= amax / (amax / max) exceeds max by a few ulps at most, and torch's cast rounds
+    # everything below the midpoint to the next (absent) binade down to ±max, in both formats (tested).
+    if hooks:
+        hooks[1]()
     q.copy_(y)
-    if err is not None:
-        err.max_abs_ref = max(err.max_abs_ref, float(amax.max()) if amax.numel() else 0.0)
-        _accumulate_error(f, a, q, scale, fmt, split, y, work.b[:n].view(rows, k), err)
+    amax_max = amax.max().reshape(1) if amax.numel() else amax.new_zeros(1)
+    if with_error:
+        return _slab_error(f, a, q, scale, amax_max, fmt, split, y, work.b[:n].view(rows, k))
+    return amax_max
 
 
-def _accumulate_error(f, a, q, scale, fmt: FP8Format, split, y, b, err: ErrorSums) -> None:
-    """err += error of dequant(q) against f (a = |f|), using y and b as scratch.
+def _error_sums(per_slab: torch.Tensor, fmt: FP8Format, numel: int) -> ErrorSums:
+    """Add up the slabs' [||d||, ||w||, max(-d), max(d), NaN probe, max|w|] rows, in slab order."""
+    err = ErrorSums(numel=numel)
+    nan_byte = 0x7F if fmt.name == "e4m3fn" else -128
+    for norm_err, norm_ref, neg, pos, probe, ref in per_slab.tolist():
+        err.sum_sq_err += norm_err**2
+        err.sum_sq_ref += norm_ref**2
+        err.max_abs_err = max(err.max_abs_err, neg, pos)
+        err.max_abs_ref = max(err.max_abs_ref, ref)
+        err.fp8_nan += probe == nan_byte
+    return err
+
+
+def _slab_error(f, a, q, scale, amax_max, fmt: FP8Format, split, y, b) -> torch.Tensor:
+    """Error figures of dequant(q) against f (a = |f|), using y and b as scratch: a [6] tensor, so that no
+    slab waits for a conversion to Python (see `_error_sums`).
 
     Round-to-nearest keeps the sign, so deq and f never have opposite signs and |deq - f| = ||deq| - |f||:
     only the magnitude bits are decoded (see `fp8_to_float`).
@@ -271,11 +337,7 @@ def _accumulate_error(f, a, q, scale, fmt: FP8Format, split, y, b, err: ErrorSum
     if d_tail.shape[2]:
         d_tail.mul_(scale[:, d_main.shape[2] :, None])
     d.sub_(a)  # |deq| - |w|
-    # One conversion to Python per slab. vector_norm, not dot: MKL's dot stalls ~10 ms a call on busy cores.
+    # vector_norm, not dot: MKL's dot stalls ~10 ms a call on busy cores.
     lo, hi = torch.aminmax(d)
-    stats = torch.stack([torch.linalg.vector_norm(d), torch.linalg.vector_norm(a), -lo, hi, nan_probe.float()])
-    norm_err, norm_ref, neg, pos, probe = stats.tolist()
-    err.sum_sq_err += norm_err**2
-    err.sum_sq_ref += norm_ref**2
-    err.max_abs_err = max(err.max_abs_err, neg, pos)
-    err.fp8_nan += probe == (0x7F if fmt.name == "e4m3fn" else -128)
+    return torch.cat([torch.stack([torch.linalg.vector_norm(d), torch.linalg.vector_norm(a), -lo, hi,
+                                   nan_probe.float()]), amax_max])

@@ -64,13 +64,18 @@ def quantize_tensors(
     on_stats: Callable[[TensorStats], None] | None = None,
     where: str = "",
     scale_namer: Callable[[str], str] = scale_name,
+    threads: int = 1,
+    overwrite_input: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """BF16 (name, tensor) pairs in, checkpoint-ready pairs out.
 
     A tensor that `rule` quantises yields (name, fp8) then (`scale_namer(name)`, fp32 block scales: DeepSeek-V3's
     `_scale_inv` by default, `rules.release_scale_name` for the DeepSeek-V4 release's `.scale`); any other tensor
     is yielded unchanged. `on_stats` receives a TensorStats per input tensor (error figures for the FP8 ones).
-    `where` (e.g. the shard path) prefixes error messages.
+    `where` (e.g. the shard path) prefixes error messages. `threads` > 1 quantises each tensor's slabs on that
+    many threads (the same bytes). `overwrite_input`: each input tensor is scratch that is dead once its pairs are
+    consumed (a read buffer, refilled only after the consumer has written them), so its FP8 bytes are written over
+    its own memory (see `quantize_block_with_error`).
     """
     fmt = get_format(fmt)
     limit = rel_error_bound(fmt, pow2_scale, block_size) if max_rel_error is None else max_rel_error
@@ -92,7 +97,8 @@ def quantize_tensors(
             yield name, t
             continue
         try:
-            q, s, err = quantize_block_with_error(t, fmt, block_size=block_size, pow2_scale=pow2_scale)
+            q, s, err = quantize_block_with_error(t, fmt, block_size=block_size, pow2_scale=pow2_scale,
+                                                  threads=threads, overwrite_input=overwrite_input)
         except NonFiniteInputError:
             raise CheckpointError(f"{prefix}tensor {name}: holds NaN or Inf") from None
         stats.bytes_out = q.numel() + s.numel() * 4
