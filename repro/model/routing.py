@@ -112,6 +112,16 @@ class RoutingRecorder(_RouterHooks):
 
         return record
 
+    def take(self) -> dict[int, torch.Tensor]:
+        """layer -> ``[batch, seq, top_k]`` int64 of the one forward run since the start or the last ``take``, and
+        forget it: for a caller whose batch changes between forwards (the engine drops finished rows)."""
+        result = {}
+        for layer, steps in self._steps.items():
+            if len(steps) != 1:
+                raise RoutingError(f"layer {layer}: {len(steps)} forwards recorded since the last take, want 1")
+            result[layer] = steps.pop()
+        return result
+
     def indices(self) -> dict[int, torch.Tensor]:
         """layer -> ``[batch, seq, top_k]`` int64; raises if a forward changed the batch size mid-record."""
         result = {}

@@ -30,6 +30,7 @@ from repro.errors import ReproError
 from repro.model import layouts
 from repro.model.served import ServedWeights, check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
+from repro.rollout.decode_cache import RoutingTable, select_rows
 from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 from repro.sync import SyncGate
@@ -166,7 +167,7 @@ class EmbeddedEngine:
         for length in sorted(by_length):
             indices = by_length[length]
             rows = [(i, s) for i in indices for s in range(params.n)]
-            ids = torch.tensor([prompts[i] for i, _ in rows], dtype=torch.int64)
+            ids = torch.tensor([prompts[i] for i in indices], dtype=torch.int64)
             max_new = min(params.max_new_tokens, self.max_context - length)
             for (i, s), traj in zip(rows, self._decode(ids, max_new, params, generator)):
                 traj.prompt_index, traj.sample_index = i, s
@@ -187,35 +188,47 @@ class EmbeddedEngine:
                     f"(lengths.max_context) with room for at least one new token"
                 )
 
-    def _decode(self, ids: torch.Tensor, max_new: int, params: SamplingParams, generator) -> list[Trajectory]:
-        rows, prompt_len = ids.shape
+    def _decode(self, prompt_ids: torch.Tensor, max_new: int, params: SamplingParams, generator) -> list[Trajectory]:
+        """``params.n`` responses to each row of ``prompt_ids`` [P, L], prompt-major. Each prompt is prefilled once
+        and its cache rows copied to its samples; a row leaves the batch (and its cache) once it sampled EOS."""
+        prompts, prompt_len = prompt_ids.shape
+        rows = prompts * params.n
         cache = self.numerics.wrap_cache(DynamicCache(config=self.model.config), self.model.config)
         recorder = RoutingRecorder(self.model) if self.record_routing else None
-        tokens, logprobs = [], []
-        finished = torch.zeros(rows, dtype=torch.bool)
+        routing = RoutingTable(rows, prompt_len + max_new - 1)
+        token_table = torch.full((rows, max_new), self.pad_id, dtype=torch.int64)
+        logprob_table = torch.zeros(rows, max_new)
+        live = torch.arange(rows)  # the response rows the batch holds, in batch order
         with recorder or nullcontext():
-            logits = self._forward(ids, cache)
+            logits = self._forward(prompt_ids, cache)
+            of_prompt = torch.arange(prompts).repeat_interleave(params.n)
+            select_rows(cache, of_prompt)
+            logits = logits[of_prompt]
+            if recorder:
+                routing.add({k: v[of_prompt] for k, v in recorder.take().items()}, live, 0)
             for step in range(max_new):
-                if not torch.isfinite(logits).all():
-                    raise RolloutError(
-                        f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})"
-                    )
-                token, logprob = sample_tokens(logits, params, generator)
-                if not torch.isfinite(logprob).all():
-                    raise RolloutError(
-                        f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})"
-                    )
-                token = torch.where(finished, torch.full_like(token, self.pad_id), token)
-                tokens.append(token)
-                logprobs.append(logprob)
-                finished |= token == self.eos_id
-                if finished.all() or step == max_new - 1:
+                token, logprob = self._sample(logits, params, generator, step)
+                token_table[live, step], logprob_table[live, step] = token, logprob
+                going = token != self.eos_id
+                if step == max_new - 1 or not going.any():
                     break
+                if not going.all():
+                    kept = going.nonzero().squeeze(1)
+                    live, token = live[kept], token[kept]
+                    select_rows(cache, kept)
                 logits = self._forward(token[:, None], cache)
-        token_table = torch.stack(tokens, dim=1)
-        logprob_table = torch.stack(logprobs, dim=1)
-        routing = recorder.indices() if recorder else {}
-        return [self._trajectory(row, ids[row], token_table[row], logprob_table[row], routing) for row in range(rows)]
+                if recorder:
+                    routing.add(recorder.take(), live, prompt_len + step)
+        return [self._trajectory(row, prompt_ids[row // params.n], token_table[row], logprob_table[row],
+                                 routing.tables) for row in range(rows)]
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, generator, step: int):
+        if not torch.isfinite(logits).all():
+            raise RolloutError(f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})")
+        token, logprob = sample_tokens(logits, params, generator)
+        if not torch.isfinite(logprob).all():
+            raise RolloutError(f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})")
+        return token, logprob
 
     def _forward(self, ids: torch.Tensor, cache) -> torch.Tensor:
         cache_kwarg = {self._cache_argument: cache}
