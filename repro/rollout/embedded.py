@@ -32,6 +32,7 @@ from repro.model.served import ServedWeights, check_update, served_weights, to_s
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
 from repro.rollout.decode_cache import RoutingTable, select_rows
 from repro.rollout.numerics import RolloutNumerics
+from repro.rollout.shared_kv_attention import use_shared_kv_attention
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 from repro.sync import SyncGate
 
@@ -61,6 +62,8 @@ class EmbeddedEngine:
         numerics: RolloutNumerics | None = None,
     ):
         self.model = copy.deepcopy(model).eval()
+        # DeepSeek-V4's one shared K=V head read in place rather than copied to every query head (same math)
+        use_shared_kv_attention(self.model)
         # vLLM's serving numerics beyond the weights (W8A8, BF16 activations, FP8 KV cache): hooks on this copy
         self.numerics = numerics or RolloutNumerics()
         self.numerics.install(self.model)
