@@ -30,7 +30,7 @@ from repro.errors import ReproError
 from repro.model import layouts
 from repro.model.served import ServedWeights, check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
-from repro.rollout.decode_cache import RoutingTable, select_rows
+from repro.rollout.decode_cache import RoutingTable, branch, select_rows
 from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.shared_kv_attention import use_shared_kv_attention
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
@@ -192,8 +192,9 @@ class EmbeddedEngine:
                 )
 
     def _decode(self, prompt_ids: torch.Tensor, max_new: int, params: SamplingParams, generator) -> list[Trajectory]:
-        """``params.n`` responses to each row of ``prompt_ids`` [P, L], prompt-major. Each prompt is prefilled once
-        and its cache rows copied to its samples; a row leaves the batch (and its cache) once it sampled EOS."""
+        """``params.n`` responses to each row of ``prompt_ids`` [P, L], prompt-major. Responses with the same
+        history so far share a batch row (each prompt is prefilled once); a response that sampled EOS leaves the
+        batch (``repro.rollout.decode_cache``)."""
         prompts, prompt_len = prompt_ids.shape
         rows = prompts * params.n
         cache = self.numerics.wrap_cache(DynamicCache(config=self.model.config), self.model.config)
@@ -201,27 +202,24 @@ class EmbeddedEngine:
         routing = RoutingTable(rows, prompt_len + max_new - 1)
         token_table = torch.full((rows, max_new), self.pad_id, dtype=torch.int64)
         logprob_table = torch.zeros(rows, max_new)
-        live = torch.arange(rows)  # the response rows the batch holds, in batch order
+        live = torch.arange(rows)  # the responses still sampling
+        node = torch.arange(prompts).repeat_interleave(params.n)  # the batch row each live response reads
         with recorder or nullcontext():
             logits = self._forward(prompt_ids, cache)
-            of_prompt = torch.arange(prompts).repeat_interleave(params.n)
-            select_rows(cache, of_prompt)
-            logits = logits[of_prompt]
             if recorder:
-                routing.add({k: v[of_prompt] for k, v in recorder.take().items()}, live, 0)
+                routing.add(recorder.take(), live, node, 0)
             for step in range(max_new):
-                token, logprob = self._sample(logits, params, generator, step)
+                token, logprob = self._sample(logits[node], params, generator, step)
                 token_table[live, step], logprob_table[live, step] = token, logprob
                 going = token != self.eos_id
                 if step == max_new - 1 or not going.any():
                     break
-                if not going.all():
-                    kept = going.nonzero().squeeze(1)
-                    live, token = live[kept], token[kept]
-                    select_rows(cache, kept)
-                logits = self._forward(token[:, None], cache)
+                live, token = live[going], token[going]
+                parent, fed, node = branch(node[going], token, logits.shape[-1])
+                select_rows(cache, parent, len(logits))
+                logits = self._forward(fed[:, None], cache)
                 if recorder:
-                    routing.add(recorder.take(), live, prompt_len + step)
+                    routing.add(recorder.take(), live, node, prompt_len + step)
         return [self._trajectory(row, prompt_ids[row // params.n], token_table[row], logprob_table[row],
                                  routing.tables) for row in range(rows)]
 
