@@ -114,7 +114,7 @@ class RoutingRecorder(_RouterHooks):
 
     def take(self) -> dict[int, torch.Tensor]:
         """layer -> ``[batch, seq, top_k]`` int64 of the one forward run since the start or the last ``take``, and
-        forget it: for a caller whose batch changes between forwards (the engine drops finished rows)."""
+        forget it: for a caller whose batch changes between forwards (the engine shares and drops rows)."""
         result = {}
         for layer, steps in self._steps.items():
             if len(steps) != 1:

@@ -11,7 +11,10 @@ Works with any transformers causal LM whose cache is a ``DynamicCache`` passed a
 ``past_key_values=``; routing is recorded where ``repro.model.routing`` can hook the routers (DeepSeek-V4, Qwen3-MoE).
 
 Prompts of different lengths are decoded in separate groups rather than padded: DeepSeek-V4's compressed
-attention groups absolute positions into blocks, so left padding would shift what each block holds.
+attention groups absolute positions into blocks, so left padding would shift what each block holds. Within a
+group, responses whose histories are still equal share one batch row (a prompt's ``n`` samples share its
+prefill) and a response leaves the batch at EOS (``repro.rollout.decode_cache``); DeepSeek-V4's attention reads
+its shared K=V head in place (``repro.rollout.shared_kv_attention``).
 """
 
 from __future__ import annotations
@@ -214,8 +217,8 @@ class EmbeddedEngine:
                 going = token != self.eos_id
                 if step == max_new - 1 or not going.any():
                     break
-                live, token = live[going], token[going]
-                parent, fed, node = branch(node[going], token, logits.shape[-1])
+                live = live[going]
+                parent, fed, node = branch(node[going], token[going], logits.shape[-1])
                 select_rows(cache, parent, len(logits))
                 logits = self._forward(fed[:, None], cache)
                 if recorder:
