@@ -103,3 +103,9 @@ def test_shared_kv_attention_is_eager_attention():
     ids = torch.randint(3, 25, (3, 30), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (eager(input_ids=ids).logits - shared(input_ids=ids).logits).abs().max() <= 1e-6
+
+
+def test_shared_kv_attention_is_left_off_outside_float32():
+    """Eager's max subtraction rounds in BF16, so a BF16 model keeps eager attention (its logits would differ)."""
+    model = build_tiny_model(seed=0).to(torch.bfloat16)
+    assert not use_shared_kv_attention(model) and model.config._attn_implementation == "eager"

@@ -52,9 +52,13 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(SHARED_KV_ATTENTION, eager_mask)
 
 def use_shared_kv_attention(model: torch.nn.Module) -> bool:
     """Switch ``model`` (in place) from eager attention with sinks to ``shared_kv_attention``; True if it did.
-    Only DeepSeek-V4 is switched: other models keep whatever backend they have."""
+    Only a float32 DeepSeek-V4 is switched: other models keep whatever backend they have."""
     config = model.config
     if getattr(config, "model_type", "") != "deepseek_v4" or config._attn_implementation != "eager":
+        return False
+    # Only in float32: eager subtracts the row max in the model's dtype before its softmax, and in BF16 that
+    # subtraction rounds (a BF16 tiny model's logits then differ by up to 5.3 on a 256-row batch, routing flips)
+    if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
         return False
     model.set_attn_implementation(SHARED_KV_ATTENTION)
     return True
