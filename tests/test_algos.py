@@ -26,12 +26,7 @@ from repro.algos import (
 )
 from repro.errors import ReproError
 
-LN2 = math.log(2.0)
-D = torch.float64
-
-
-def t(values, dtype=D):
-    return torch.tensor(values, dtype=dtype)
+from algo_values import LN2, D, t
 
 
 # ---------------------------------------------------------------- advantages

@@ -19,12 +19,7 @@ from repro.algos import (
     rollout_is_weights,
 )
 
-LN2 = math.log(2.0)
-D = torch.float64
-
-
-def t(values, dtype=D):
-    return torch.tensor(values, dtype=dtype)
+from algo_values import LN2, D, t
 
 
 # ---------------------------------------------------------------- rollout IS weights

@@ -78,14 +78,24 @@ class MasterAdamW:
 
     def master_state(self) -> dict[str, torch.Tensor]:
         """name -> fp32 master weight; empty when the model's own parameters are the masters."""
-        if self.shares_storage:
-            return {}
-        return {name: m.detach().clone() for name, m in zip(self.names, self.master)}
+        return masters_by_name(self.names, self.master, self.shares_storage)
 
     def load_master_state(self, state: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, master in zip(self.names, self.master):
-                master.copy_(state[name])
+        load_masters(self.names, self.master, state)
+
+
+def masters_by_name(names: list[str], masters: list[torch.Tensor], shares_storage: bool) -> dict[str, torch.Tensor]:
+    """Copies of the fp32 masters by parameter name; empty when the parameters are their own masters."""
+    if shares_storage:
+        return {}
+    return {name: m.detach().clone() for name, m in zip(names, masters)}
+
+
+def load_masters(names: list[str], masters: list[torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    """Fill ``masters`` in place from ``state`` (name -> tensor), as ``masters_by_name`` wrote it."""
+    with torch.no_grad():
+        for name, master in zip(names, masters):
+            master.copy_(state[name])
 
 
 def zero_grads(params: list[torch.Tensor]) -> None:

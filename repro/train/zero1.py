@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from repro.recipes.schema import OptimConfig
-from repro.train.optimizer import zero_grads
+from repro.train.optimizer import load_masters, masters_by_name, zero_grads
 
 
 def partition_by_size(sizes: list[int], ranks: int) -> list[int]:
@@ -168,14 +168,10 @@ class ShardedMasterAdamW:
 
     def master_state(self) -> dict[str, torch.Tensor]:
         """name -> fp32 master of the parameters this rank owns; empty when the owned parameters are the masters."""
-        if self.shares_storage:
-            return {}
-        return {name: m.detach().clone() for name, m in zip(self.owned_names, self.master)}
+        return masters_by_name(self.owned_names, self.master, self.shares_storage)
 
     def load_master_state(self, state: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, master in zip(self.owned_names, self.master):
-                master.copy_(state[name])
+        load_masters(self.owned_names, self.master, state)
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds: its masters (when they are copies) and both moments."""
