@@ -61,10 +61,7 @@ class MasterAdamW:
             norm = float(torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip))
         else:
             norm = global_norm
-            coef = min(1.0, self.grad_clip / (norm + 1e-6)) if math.isfinite(norm) else 1.0
-            if coef < 1.0:
-                for master in self.master:
-                    master.grad.mul_(coef)
+            clip_to_global_norm(self.master, self.grad_clip, norm)
         if math.isfinite(norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -82,6 +79,15 @@ class MasterAdamW:
 
     def load_master_state(self, state: dict[str, torch.Tensor]) -> None:
         load_masters(self.names, self.master, state)
+
+
+def clip_to_global_norm(masters: list[torch.Tensor], grad_clip: float, norm: float) -> None:
+    """Scale the masters' gradients as ``clip_grad_norm_`` would if their norm were ``norm`` (a whole model's norm
+    when these masters are one shard of it); a non-finite norm leaves them (the step is skipped anyway)."""
+    coef = min(1.0, grad_clip / (norm + 1e-6)) if math.isfinite(norm) else 1.0
+    if coef < 1.0:
+        for master in masters:
+            master.grad.mul_(coef)
 
 
 def masters_by_name(names: list[str], masters: list[torch.Tensor], shares_storage: bool) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from repro.recipes.schema import OptimConfig
-from repro.train.optimizer import load_masters, masters_by_name, zero_grads
+from repro.train.optimizer import clip_to_global_norm, load_masters, masters_by_name, zero_grads
 
 
 def partition_by_size(sizes: list[int], ranks: int) -> list[int]:
@@ -115,10 +115,7 @@ class ShardedMasterAdamW:
                 torch.nn.utils.clip_grads_with_norm_(self.master, self.grad_clip, norm_tensor)
         else:
             norm = global_norm
-            coef = min(1.0, self.grad_clip / (norm + 1e-6)) if math.isfinite(norm) else 1.0
-            if coef < 1.0:
-                for master in self.master:
-                    master.grad.mul_(coef)
+            clip_to_global_norm(self.master, self.grad_clip, norm)
         if math.isfinite(norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
