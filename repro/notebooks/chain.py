@@ -117,7 +117,11 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
                                 f"{result.results['00_cluster_check'].get('summary', 'a check failed')} "
                                 f"(see {notebooks_dir / '00_cluster_check.ipynb'}); the chain stops before the runs")
         for wave in waves[1:]:
-            run.finish(wave, [pool.submit(run.one, name) for name in wave])
+            if len(wave) == 1 or parallel == 1:  # in this thread: a Ctrl-C reaches papermill at once, as before
+                for name in wave:
+                    run.one(name)
+            else:
+                run.finish(wave, [pool.submit(run.one, name) for name in wave])
     result.results = {name: result.results[name] for name in CHAIN if name in result.results}
     result.wall_seconds = time.perf_counter() - started
     return result
