@@ -95,14 +95,15 @@ def test_warmup_ramps_linearly_then_holds():
     assert warmup_constant_lr(OptimConfig(lr=1e-4), 0) == 1e-4
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("max_tokens", [16384, 40])  # one micro-batch, and several of differing widths
-def test_old_logprobs_from_the_update_equal_a_separate_rescoring(base_model, max_tokens):
+def test_old_logprobs_from_the_update_equal_a_separate_rescoring(base_model, max_tokens, threads):
     """One update per step: pi_old from the update's own forward (and a no-grad pass over the zero-advantage rows
     it skips) is the separate rescoring's numbers exactly, and so are the update's metrics and new weights."""
     batch = make_batch(base_model)
     assert (batch.advantages == 0).any() and (batch.advantages != 0).any()
-    separate = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, max_tokens_per_micro_batch=max_tokens)
-    fused = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, max_tokens_per_micro_batch=max_tokens)
+    separate, fused = (EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8,
+                                       max_tokens_per_micro_batch=max_tokens, update_threads=threads) for _ in range(2))
     for _ in range(2):  # the second step starts from the updated weights
         rescored = separate.logprobs(batch)
         expected = separate.train_step(replace(batch, old_logprobs=rescored.logprobs))

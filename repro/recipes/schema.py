@@ -74,6 +74,7 @@ class ActorConfig(Section):
     max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
     model_provider: str | None = Field(None, description="Megatron backend: 'package.module:function' building a rank's model (None: must be set to launch; docs/megatron-dsv4.md).")
     old_logprobs_from_update: bool = Field(True, description="Embedded trainer: take pi_old from the update's own first forward when that is exact (one update per step, a non-rejecting correction mode); false, or otherwise: a separate rescoring pass.")
+    cpu_update_threads: int = Field(1, ge=1, description="Embedded trainer: Python threads that split each update's rows and each scoring pass, each on its own copy of the model's modules sharing the weights (repro.train.threads); gradients are added in thread order, so a run stays deterministic. The loop runs one phase at a time: on a 2-core machine a second thread uses the core the idle rollout worker leaves.")
 
 
 class OptimConfig(Section):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -28,6 +29,7 @@ from repro.train.grpo_update import (
     DTYPES, GRPOUpdate, UpdateStats, check_settings, recipe_settings, run_train_step,
 )
 from repro.train.optimizer import MasterAdamW
+from repro.train.threads import ThreadedReplicas, balanced_shares
 
 
 def cast_for_training(model: torch.nn.Module, dtype: str, keep_fp32=lambda name: False) -> torch.nn.Module:
@@ -53,6 +55,7 @@ class EmbeddedTrainer:
         temperature: the rollout's sampling temperature; log-probs are of softmax(logits / temperature).
         replay_routing: R3 in ``train_step`` (``logprobs`` takes its own flag).
         skip_zero_advantage_rows: skip the forward/backward of rows with advantage exactly 0 (same gradient).
+        update_threads: threads that split each update's and each scoring pass's rows (``repro.train.threads``).
         seed: seeds torch's RNG once at construction (the forward itself draws no random numbers).
     """
 
@@ -68,6 +71,7 @@ class EmbeddedTrainer:
         temperature: float = 1.0,
         replay_routing: bool = True,
         skip_zero_advantage_rows: bool = True,
+        update_threads: int = 1,
         seed: int = 0,
     ):
         if isinstance(model, (str, Path)):
@@ -92,6 +96,7 @@ class EmbeddedTrainer:
         use_entrywise_hyper_connections(self.model)  # same numbers, ~25% less forward + backward time on CPU
         self.routers = topk_routers(model)
         self.opt = MasterAdamW(model, self.optim)
+        self.replicas = ThreadedReplicas(self.model, update_threads)
         self.opt.zero_grad()
         self.step = 0      # completed train_step calls
         self.updates = 0   # completed optimizer updates (drives the warm-up)
@@ -103,46 +108,64 @@ class EmbeddedTrainer:
             from repro.recipes import resolve_path
 
             model_dir = resolve_path(recipe.model.path)
-        return cls(model_dir, **{**recipe_settings(recipe), **overrides})
+        settings = {**recipe_settings(recipe), "update_threads": recipe.actor.cpu_update_threads}
+        return cls(model_dir, **{**settings, **overrides})
 
     # ---- scoring -------------------------------------------------------------------------------------------
 
-    def _forward(self, micro: TrainBatch, replay: bool) -> torch.Tensor:
+    @staticmethod
+    def _forward(model: torch.nn.Module, micro: TrainBatch, replay: bool) -> torch.Tensor:
         """[b, t, V] logits of one micro-batch, with its recorded experts forced when ``replay``."""
-        context = RoutingReplay(self.model, micro.routing) if replay else nullcontext()
+        context = RoutingReplay(model, micro.routing) if replay else nullcontext()
         with context:
-            return self.model(input_ids=micro.input_ids, use_cache=False).logits
+            return model(input_ids=micro.input_ids, use_cache=False).logits
 
-    @torch.no_grad()
     def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
         """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response)."""
         check_batch(batch, self.routers, need_old=False, replay=replay_routing, caller="logprobs")
         scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
-        for rows in self._scoring_row_groups(batch):
-            start = 0
+        self.replicas.run([[partial(self._score_rows, batch, rows, replay_routing, scores) for rows in groups]
+                           for groups in self._scoring_row_groups(batch)])
+        return scores
+
+    def _score_rows(self, batch: TrainBatch, rows: torch.Tensor, replay: bool, scores: LogprobResult,
+                    model: torch.nn.Module) -> None:
+        """Write the log-probs and entropies of ``batch``'s [r] ``rows`` into ``scores``, forwarding on ``model``
+        (a no-grad pass: grad mode is per thread, so it is set here rather than by the caller)."""
+        start = 0
+        with torch.no_grad():
             for micro in micro_batches(batch.rows(rows), self.max_tokens):
-                logits = self._forward(micro, replay_routing)
+                logits = self._forward(model, micro, replay)
                 mask = micro.response_mask
                 lp = logprobs_from_logits(logits, micro.targets, self.temperature)
                 ent = entropy_from_logits(logits, self.temperature)
                 write_scores(scores, rows[start : start + micro.num_rows], torch.where(mask, lp, 0.0),
                              torch.where(mask, ent, 0.0))
                 start += micro.num_rows
-        return scores
 
-    def _scoring_row_groups(self, batch: TrainBatch) -> list[torch.Tensor]:
-        """[r] row indices per group, scored in this order: with one update per step, the rows the update will
-        forward, in its micro-batches, then the rest. A forward's rounding depends on its micro-batch's shape, so
-        only then is pi_old the very computation of the update's first forward (ratio exactly 1, and the same
-        numbers ``scored_train_step`` takes from that forward); otherwise all rows in order."""
-        every_row = torch.arange(batch.num_rows)
-        if not self.grpo.scores_in_update or batch.advantages.shape != (batch.num_rows,):
-            return [every_row]
-        plan = self.grpo.plan(replace(batch, old_logprobs=None), UpdateStats())
-        if plan is None:
-            return [every_row]
-        rest = torch.ones(batch.num_rows, dtype=torch.bool).index_fill(0, plan.rows, False).nonzero().squeeze(1)
-        return [plan.rows, rest] if len(rest) else [plan.rows]
+    def _row_shares(self, batch: TrainBatch, forwarded: torch.Tensor) -> tuple[list, list]:
+        """(the [r] ``forwarded`` rows, the other rows), each split into one share per update thread, balanced by
+        response width; empty shares are [] entries, so index i is thread i's."""
+        widths = batch.response_mask.int().cumsum(dim=1).argmax(dim=1) + 1
+        rest = torch.ones(batch.num_rows, dtype=torch.bool).index_fill(0, forwarded, False).nonzero().squeeze(1)
+        split = []
+        for rows in (forwarded, rest):
+            shares = balanced_shares(rows, widths[rows], self.replicas.threads)
+            split.append(shares + [rows[:0]] * (self.replicas.threads - len(shares)))
+        return split[0], split[1]
+
+    def _scoring_row_groups(self, batch: TrainBatch) -> list[list[torch.Tensor]]:
+        """Per update thread, the [r] row groups it scores, in order: with one update per step, its share of the
+        rows the update will forward, in the update's micro-batches, then its share of the rest. A forward's
+        rounding depends on its micro-batch's shape, so only then is pi_old the very computation of the update's
+        first forward (ratio exactly 1, and the same numbers ``scored_train_step`` takes from that forward);
+        otherwise its share of all rows."""
+        plan = None
+        if self.grpo.scores_in_update and batch.advantages.shape == (batch.num_rows,):
+            plan = self.grpo.plan(replace(batch, old_logprobs=None), UpdateStats())
+        forwarded = plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64)
+        shares, rests = self._row_shares(batch, forwarded)
+        return [[rows for rows in (share, rest) if len(rows)] for share, rest in zip(shares, rests)]
 
     # ---- training ------------------------------------------------------------------------------------------
 
@@ -151,29 +174,41 @@ class EmbeddedTrainer:
 
         With ``scores`` ([B, T] tensors, filled here) and no ``batch.old_logprobs``: pi_old of each forwarded row
         is its own log-probs from this forward (detached; the ratio is then exactly 1, as after a separate
-        rescoring), and the rows the update skips are scored by a no-grad pass, for the metrics only."""
+        rescoring), and the rows the update skips are scored by a no-grad pass, for the metrics only. Each update
+        thread backwards its share of the rows, then scores its share of the skipped ones."""
         self.opt.zero_grad()
         stats = UpdateStats()
         plan = self.grpo.plan(batch, stats)
-        forwarded = plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64)
+        shares, skipped = self._row_shares(batch, plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64))
+        per_thread = [UpdateStats() for _ in shares]
+        work = []
+        for share, rest, share_stats in zip(shares, skipped, per_thread):
+            jobs = [partial(self._backward_rows, batch, share, plan, share_stats, scores)] if len(share) else []
+            if scores is not None and len(rest):
+                jobs.append(partial(self._score_rows, batch, rest, self.replay_routing, scores))
+            work.append(jobs)
+        self.replicas.run(work)
+        self.replicas.add_gradients_into_model()
+        for share_stats in per_thread:
+            stats.add(share_stats)
+        return stats
+
+    def _backward_rows(self, batch: TrainBatch, rows: torch.Tensor, plan, stats: UpdateStats,
+                       scores: LogprobResult | None, model: torch.nn.Module) -> None:
+        """Forward and backward ``batch``'s [r] ``rows`` on ``model`` in token-budget micro-batches (see
+        ``_accumulate_gradients``), adding their sums to ``stats``."""
         start = 0
-        for micro in micro_batches(batch.rows(forwarded), self.max_tokens) if plan is not None else []:
-            logits = self._forward(micro, self.replay_routing)
+        for micro in micro_batches(batch.rows(rows), self.max_tokens):
+            logits = self._forward(model, micro, self.replay_routing)
             logp = logprobs_from_logits(logits, micro.targets, self.temperature)
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), self.temperature)
                 if scores is not None:
                     micro = replace(micro, old_logprobs=torch.where(micro.response_mask, logp.detach(), 0.0))
-                    rows = forwarded[start : start + micro.num_rows]
+                    write_scores(scores, rows[start : start + micro.num_rows], micro.old_logprobs,
+                                 torch.where(micro.response_mask, entropy, 0.0))
                     start += micro.num_rows
-                    write_scores(scores, rows, micro.old_logprobs, torch.where(micro.response_mask, entropy, 0.0))
             self.grpo.micro_loss(micro, logp, entropy, plan, stats).backward()
-        if scores is not None:
-            skipped = torch.ones(batch.num_rows, dtype=torch.bool).index_fill(0, forwarded, False).nonzero().squeeze(1)
-            if len(skipped):
-                rest = self.logprobs(batch.rows(skipped), self.replay_routing)
-                write_scores(scores, skipped, rest.logprobs, rest.entropy)
-        return stats
 
     def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
         """``train_step`` on a batch without ``old_logprobs``: pi_old comes from the update's own first forward

@@ -48,6 +48,12 @@ class UpdateStats:
     rows_skipped: int = 0
     micro_batches: int = 0
 
+    def add(self, other: "UpdateStats") -> None:
+        """Add another share of the same update's sums (``rows_skipped`` is the plan's, counted once)."""
+        for name in ("loss", "tokens", "response_tokens", "entropy_sum", "clipfrac_sum", "clipfrac_lower_sum",
+                     "ppo_kl_sum", "micro_batches"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 @dataclass(frozen=True)
 class UpdatePlan:
