@@ -9,11 +9,15 @@ after the header), then the tensor bytes, contiguous and in offset order. Files 
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
+import mmap
 import os
 import struct
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,10 +150,19 @@ class StreamingWriter:
     """Writes a .safetensors file whose header (names, dtypes, shapes) is known before the data.
 
     `write(name, tensor)` must be called in the planned order; a CRC-32 of the file is computed as it is
-    written (cheap enough not to show in the throughput; it guards resumed shards against damage).
+    written (it guards resumed shards against damage).
+
+    The bytes go through two page-aligned staging buffers of `STAGE_BYTES`: `write` copies a tensor into the
+    current one (so the caller may reuse the tensor's memory as soon as `write` returns), and a full buffer is
+    CRC'd and written by a background thread while the caller goes on. With `direct` (the default) the file is
+    opened with O_DIRECT, so the data is DMA'd from the staging buffer to the device: writing through the page
+    cache instead costs a kernel copy per byte, 0.3 to 3.7 CPU-seconds per 1.3 GB on this VM depending on
+    whether the page cache has to take fresh pages, against 0.05 s for O_DIRECT (benchmarks/bench_fp8_convert.py
+    notes). A file system that refuses O_DIRECT (tmpfs, some FUSE) gets ordinary writes from the same buffers.
     """
 
-    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None):
+    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None,
+                 direct: bool = True):
         self.path = Path(path)
         self._plan = plan
         self._next = 0
@@ -162,14 +175,57 @@ class StreamingWriter:
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._file = open(self.path, "wb")
+        self._fd, self.direct = _open_for_writing(self.path, direct)
+        self._stages = [mmap.mmap(-1, STAGE_BYTES), mmap.mmap(-1, STAGE_BYTES)]  # page-aligned, as O_DIRECT needs
+        self._pending: list[Future | None] = [None, None]  # the background write of each staging buffer
+        self._current, self._fill = 0, 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="safetensors-writer")
         self.crc32 = 0
-        self._put(struct.pack("<Q", len(raw)) + raw)
+        self._put(memoryview(struct.pack("<Q", len(raw)) + raw))
         self.size = 8 + len(raw) + offset
 
-    def _put(self, data) -> None:
-        self._file.write(data)
-        self.crc32 = zlib.crc32(data, self.crc32)
+    def _put(self, data: memoryview) -> None:
+        """Copy `data` into the staging buffers, handing each full one to the background writer."""
+        done = 0
+        while done < len(data):
+            stage = self._stages[self._current]
+            n = min(len(data) - done, STAGE_BYTES - self._fill)
+            stage[self._fill : self._fill + n] = data[done : done + n]
+            self._fill += n
+            done += n
+            if self._fill == STAGE_BYTES:
+                self._flush_stage()
+
+    def _flush_stage(self) -> None:
+        self._pending[self._current] = self._pool.submit(self._write_out, self._stages[self._current], self._fill)
+        self._current = 1 - self._current
+        waiting, self._pending[self._current] = self._pending[self._current], None
+        if waiting is not None:
+            waiting.result()  # the other buffer is free again (and any error of its write surfaces here)
+        self._fill = 0
+
+    def _write_out(self, stage: mmap.mmap, nbytes: int) -> None:
+        view = memoryview(stage)[:nbytes]
+        self.crc32 = zlib.crc32(view, self.crc32)  # one writer thread: buffers are CRC'd in file order
+        pos = 0
+        while pos < nbytes:
+            end = nbytes
+            if self.direct:  # whole blocks only: the file's tail, or a short write, goes through the page cache
+                end = pos + (nbytes - pos) // _DIRECT_ALIGN * _DIRECT_ALIGN
+                if pos % _DIRECT_ALIGN or end == pos:
+                    self._buffered()
+                    continue
+            try:
+                pos += os.write(self._fd, view[pos:end])
+            except OSError as err:  # a file system that opened with O_DIRECT but refuses the write itself
+                if err.errno != errno.EINVAL or not self.direct:
+                    raise
+                self._buffered()
+
+    def _buffered(self) -> None:
+        if self.direct:
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            self.direct = False
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if self._next >= len(self._plan):
@@ -180,20 +236,49 @@ class StreamingWriter:
             raise RuntimeError(f"{self.path}: tensor out of plan: got {got}, expected {want}")
         self._next += 1
         if tensor.numel():
-            self._put(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+            self._put(memoryview(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))
 
     def close(self, fsync: bool = True) -> str:
         """Finish the file; returns its CRC-32 as 8 hex digits."""
         if self._next != len(self._plan):
             raise RuntimeError(f"{self.path}: only {self._next} of {len(self._plan)} tensors written")
-        self._file.flush()
-        if fsync:
-            os.fsync(self._file.fileno())
-        self._file.close()
+        try:
+            if self._fill:
+                self._flush_stage()
+            for pending in self._pending:
+                if pending is not None:
+                    pending.result()
+            if fsync:
+                os.fsync(self._fd)
+        finally:
+            self.abort()
         return f"{self.crc32:08x}"
 
     def abort(self) -> None:
-        self._file.close()
+        """Stop: wait for the background write in flight, close the file (a no-op after close)."""
+        if self._fd < 0:
+            return
+        self._pool.shutdown(wait=True)
+        os.close(self._fd)
+        self._fd = -1
+        self._stages = []  # unmapped once no view of them is left (a failed write's traceback may hold one)
+
+
+STAGE_BYTES = 4 << 20  # each of the writer's two staging buffers; a multiple of any device's block size
+_DIRECT_ALIGN = 4096  # O_DIRECT offsets and lengths: whole logical blocks (512 or 4096 bytes)
+
+
+def _open_for_writing(path: Path, direct: bool) -> tuple[int, bool]:
+    """A new file opened for writing, with O_DIRECT where asked for and the file system takes it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o666), True
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+    return os.open(path, flags, 0o666), False
+
 
 
 def file_crc32(path: str | Path, chunk: int = 16 << 20) -> str:
