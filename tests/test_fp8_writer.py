@@ -100,3 +100,42 @@ def test_a_write_error_surfaces_and_abort_closes_the_file(tmp_path, monkeypatch)
         writer.close()
     writer.abort()
     writer.abort()  # twice is harmless
+
+
+@pytest.mark.parametrize("threads,in_place", [(1, False), (3, True), (1, True)])
+def test_on_ready_reports_final_prefixes_in_order(monkeypatch, threads, in_place):
+    import repro.fp8.quant as quant
+
+    monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 15)  # many slabs
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(2, 300, 256, generator=g) * 0.02).to(torch.bfloat16)  # a partial block-row in each expert
+    ref, _, _ = quant.quantize_block_with_error(w.clone(), "e4m3fnuz")
+    seen = []
+    q, _, _ = quant.quantize_block_with_error(w, "e4m3fnuz", threads=threads, overwrite_input=in_place,
+                                              on_ready=lambda flat, n: seen.append((n, flat[:n].clone())))
+    ends = [n for n, _ in seen]
+    assert ends == sorted(ends) and ends[-1] == w.numel() and len(ends) > 4
+    final = ref.reshape(-1).view(torch.uint8)
+    for n, prefix in seen:  # what was reported ready was already the final bytes
+        assert torch.equal(prefix.view(torch.uint8), final[:n])
+    assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
+
+
+def test_streamed_and_written_tensors_give_the_same_file(tmp_path):
+    tensors = _tensors()
+    plan = [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
+    plain = StreamingWriter(tmp_path / "plain.safetensors", plan)
+    for name, t in tensors:
+        plain.write(name, t)
+    streamed = StreamingWriter(tmp_path / "streamed.safetensors", plan)
+    for name, t in tensors:
+        flat = t.reshape(-1)
+        for n in (flat.numel() // 3, flat.numel() // 3, flat.numel() // 2):  # repeated and growing prefixes
+            streamed.stream(name, flat, n)
+        streamed.write(name, t)
+    assert plain.close() == streamed.close()
+    assert (tmp_path / "plain.safetensors").read_bytes() == (tmp_path / "streamed.safetensors").read_bytes()
+    bad = StreamingWriter(tmp_path / "bad.safetensors", plan)
+    with pytest.raises(RuntimeError, match="streamed tensor out of plan"):
+        bad.stream("b.weight", tensors[2][1].reshape(-1), 10)
+    bad.abort()

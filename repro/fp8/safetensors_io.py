@@ -179,6 +179,7 @@ class StreamingWriter:
         self._stages = [mmap.mmap(-1, STAGE_BYTES), mmap.mmap(-1, STAGE_BYTES)]  # page-aligned, as O_DIRECT needs
         self._pending: list[Future | None] = [None, None]  # the background write of each staging buffer
         self._current, self._fill = 0, 0
+        self._streamed = 0  # bytes of the next planned tensor already written by `stream`
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="safetensors-writer")
         self.crc32 = 0
         self._put(memoryview(struct.pack("<Q", len(raw)) + raw))
@@ -236,8 +237,23 @@ class StreamingWriter:
         if got != want:
             raise RuntimeError(f"{self.path}: tensor out of plan: got {got}, expected {want}")
         self._next += 1
+        done, self._streamed = self._streamed, 0
         if tensor.numel():
-            self._put(memoryview(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))
+            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            self._put(memoryview(raw[done:].numpy()))
+
+    def stream(self, name: str, flat: torch.Tensor, ready: int) -> None:
+        """Write the first `ready` elements of the next planned tensor (`flat`: its 1-D contiguous memory) ahead
+        of `write(name, tensor)`, which then writes only the rest; for a producer that finishes a tensor front
+        to back (`repro.fp8.quant.quantize_block_with_error`'s `on_ready`)."""
+        want = self._plan[self._next] if self._next < len(self._plan) else None
+        if want is None or (name, flat.dtype, flat.numel()) != (want[0], want[1], math.prod(want[2])):
+            raise RuntimeError(f"{self.path}: streamed tensor out of plan: got {(name, flat.dtype, flat.numel())}, "
+                               f"expected {want}")
+        end = ready * flat.dtype.itemsize
+        if end > self._streamed:
+            self._put(memoryview(flat.view(torch.uint8)[self._streamed : end].numpy()))
+            self._streamed = end
 
     def close(self, fsync: bool = True) -> str:
         """Finish the file; returns its CRC-32 as 8 hex digits."""
