@@ -281,7 +281,7 @@ class StreamingWriter:
         self._stages = []  # unmapped once no view of them is left (a failed write's traceback may hold one)
 
 
-STAGE_BYTES = 4 << 20  # each of the writer's two staging buffers; a multiple of any device's block size
+STAGE_BYTES = 1 << 20  # each of the writer's two staging buffers (a multiple of any block size); larger gained nothing
 _DIRECT_ALIGN = 4096  # O_DIRECT offsets and lengths: whole logical blocks (512 or 4096 bytes)
 
 
