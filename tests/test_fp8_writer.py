@@ -139,3 +139,21 @@ def test_streamed_and_written_tensors_give_the_same_file(tmp_path):
     with pytest.raises(RuntimeError, match="streamed tensor out of plan"):
         bad.stream("b.weight", tensors[2][1].reshape(-1), 10)
     bad.abort()
+
+
+def test_a_file_system_that_refuses_o_direct_at_open_gets_a_plain_file(tmp_path, monkeypatch):
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    real_open = os.open
+
+    def open_(path, flags, mode=0o777):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(sio.os, "open", open_)
+    crc, opened_direct = _write(tmp_path / "x.safetensors", direct=True)
+    monkeypatch.setattr(sio.os, "open", real_open)
+    crc_ref, _ = _write(tmp_path / "ref.safetensors", direct=False)
+    assert opened_direct is False
+    assert crc == crc_ref and (tmp_path / "x.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
