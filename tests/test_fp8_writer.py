@@ -1,4 +1,4 @@
-"""The streaming safetensors writer: O_DIRECT through staging buffers, a background CRC/write thread, and the
+"""The streaming safetensors writer: O_DIRECT through a page-aligned staging buffer, streamed prefixes, and the
 page-cache fallbacks (the file's tail, a file system that refuses O_DIRECT at open or at the first write) all
 give the same bytes, a file the safetensors library loads, and the CRC-32 of what is on disk."""
 

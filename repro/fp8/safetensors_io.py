@@ -17,7 +17,6 @@ import mmap
 import os
 import struct
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,15 +149,15 @@ class StreamingWriter:
     """Writes a .safetensors file whose header (names, dtypes, shapes) is known before the data.
 
     `write(name, tensor)` must be called in the planned order; a CRC-32 of the file is computed as it is
-    written (it guards resumed shards against damage).
+    written (it guards resumed shards against damage). `stream` writes a tensor's finished front ahead of it.
 
-    The bytes go through two page-aligned staging buffers of `STAGE_BYTES`: `write` CRCs a tensor and copies it
-    into the current one (so the caller may reuse the tensor's memory as soon as `write` returns), and a full
-    buffer is written by a background thread while the caller goes on. With `direct` (the default) the file is
-    opened with O_DIRECT, so the data is DMA'd from the staging buffer to the device: writing through the page
-    cache instead costs a kernel copy per byte, 0.3 to 3.7 CPU-seconds per 1.3 GB on this VM depending on
-    whether the page cache has to take fresh pages, against 0.05 s for O_DIRECT (benchmarks/bench_fp8_convert.py
-    notes). A file system that refuses O_DIRECT (tmpfs, some FUSE) gets ordinary writes from the same buffers.
+    The bytes go through a page-aligned staging buffer of `STAGE_BYTES` (so the caller may reuse a tensor's
+    memory as soon as `write` returns). With `direct` (the default) the file is opened with O_DIRECT, so a full
+    buffer is DMA'd to the device: writing through the page cache instead costs a kernel copy per byte, 0.3 to
+    3.7 CPU-seconds per 1.3 GB on this VM depending on whether the page cache has to take fresh pages, against
+    0.05 s with O_DIRECT. A file system that refuses O_DIRECT gets ordinary writes from the same buffer. The
+    writes are made in the caller's thread: the converter streams each tensor while its slab threads quantise
+    the rest, so they overlap anyway, and a writer thread cost 6-16 MiB of peak RSS for no gain in wall time.
     """
 
     def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None,
@@ -176,53 +175,44 @@ class StreamingWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
         self._fd, self.direct = _open_for_writing(self.path, direct)
-        self._stages = [mmap.mmap(-1, STAGE_BYTES), mmap.mmap(-1, STAGE_BYTES)]  # page-aligned, as O_DIRECT needs
-        self._pending: list[Future | None] = [None, None]  # the background write of each staging buffer
-        self._current, self._fill = 0, 0
+        self._stage = mmap.mmap(-1, STAGE_BYTES)  # page-aligned, as O_DIRECT needs
+        self._fill = 0
         self._streamed = 0  # bytes of the next planned tensor already written by `stream`
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="safetensors-writer")
         self.crc32 = 0
         self._put(memoryview(struct.pack("<Q", len(raw)) + raw))
         self.size = 8 + len(raw) + offset
 
     def _put(self, data: memoryview) -> None:
-        """CRC `data` and copy it into the staging buffers, handing each full one to the background writer. The
-        CRC is taken here, not by the writer thread, so that it overlaps the device writes (zlib releases the GIL)."""
+        """CRC `data` and copy it into the staging buffer, writing the buffer out each time it is full."""
         self.crc32 = zlib.crc32(data, self.crc32)
         done = 0
         while done < len(data):
-            stage = self._stages[self._current]
             n = min(len(data) - done, STAGE_BYTES - self._fill)
-            stage[self._fill : self._fill + n] = data[done : done + n]
+            self._stage[self._fill : self._fill + n] = data[done : done + n]
             self._fill += n
             done += n
             if self._fill == STAGE_BYTES:
-                self._flush_stage()
+                self._write_out()
 
-    def _flush_stage(self) -> None:
-        self._pending[self._current] = self._pool.submit(self._write_out, self._stages[self._current], self._fill)
-        self._current = 1 - self._current
-        waiting, self._pending[self._current] = self._pending[self._current], None
-        if waiting is not None:
-            waiting.result()  # the other buffer is free again (and any error of its write surfaces here)
-        self._fill = 0
-
-    def _write_out(self, stage: mmap.mmap, nbytes: int) -> None:
-        view = memoryview(stage)[:nbytes]
-        pos = 0
-        while pos < nbytes:
-            end = nbytes
-            if self.direct:  # whole blocks only: the file's tail, or a short write, goes through the page cache
-                end = pos + (nbytes - pos) // _DIRECT_ALIGN * _DIRECT_ALIGN
-                if pos % _DIRECT_ALIGN or end == pos:
+    def _write_out(self) -> None:
+        view, nbytes, pos = memoryview(self._stage), self._fill, 0
+        try:
+            while pos < nbytes:
+                end = nbytes
+                if self.direct:  # whole blocks only: the file's tail, or a short write, goes through the page cache
+                    end = pos + (nbytes - pos) // _DIRECT_ALIGN * _DIRECT_ALIGN
+                    if pos % _DIRECT_ALIGN or end == pos:
+                        self._buffered()
+                        continue
+                try:
+                    pos += os.write(self._fd, view[pos:end])
+                except OSError as err:  # a file system that opened with O_DIRECT but refuses the write itself
+                    if err.errno != errno.EINVAL or not self.direct:
+                        raise
                     self._buffered()
-                    continue
-            try:
-                pos += os.write(self._fd, view[pos:end])
-            except OSError as err:  # a file system that opened with O_DIRECT but refuses the write itself
-                if err.errno != errno.EINVAL or not self.direct:
-                    raise
-                self._buffered()
+        finally:
+            view.release()
+        self._fill = 0
 
     def _buffered(self) -> None:
         if self.direct:
@@ -261,10 +251,7 @@ class StreamingWriter:
             raise RuntimeError(f"{self.path}: only {self._next} of {len(self._plan)} tensors written")
         try:
             if self._fill:
-                self._flush_stage()
-            for pending in self._pending:
-                if pending is not None:
-                    pending.result()
+                self._write_out()
             if fsync:
                 os.fsync(self._fd)
         finally:
@@ -272,16 +259,14 @@ class StreamingWriter:
         return f"{self.crc32:08x}"
 
     def abort(self) -> None:
-        """Stop: wait for the background write in flight, close the file (a no-op after close)."""
-        if self._fd < 0:
-            return
-        self._pool.shutdown(wait=True)
-        os.close(self._fd)
-        self._fd = -1
-        self._stages = []  # unmapped once no view of them is left (a failed write's traceback may hold one)
+        """Close the file (a no-op after close)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._stage.close()
 
 
-STAGE_BYTES = 1 << 20  # each of the writer's two staging buffers (a multiple of any block size); larger gained nothing
+STAGE_BYTES = 1 << 20  # the writer's staging buffer, a multiple of any block size (4 MiB gained nothing)
 _DIRECT_ALIGN = 4096  # O_DIRECT offsets and lengths: whole logical blocks (512 or 4096 bytes)
 
 
