@@ -5,8 +5,9 @@ against the eager op-by-op quantiser the converter uses, on one CPU thread.
 
 The fused function does the whole quantise-and-check of a [rows, K] BF16 slab (rows, K multiples of 128) in
 two inductor kernels (block amax; then scale, cast, dequantise and the error sums). Inductor vectorises the
-float32 -> float8_e4m3fn cast but not -> e4m3fnuz, so an fnuz slab is cast as fn(2y): the same bits for every
-|y| <= 232, with the top code (240, fn's NaN bits) and fnuz's missing negative zero set apart. The scale
+float32 -> float8_e4m3fn cast but not -> e4m3fnuz, so an fnuz slab is cast as fn(2y) (fnuz's bits are fn's
+bits of twice the value), with the top code (240, fn's NaN bits) and fnuz's missing negative zero set apart;
+this is checked against torch's own cast on the slabs below, not over every float32. The scale
 arithmetic stays in eager torch, as in `repro.fp8.quant`. Prints, per run: cold compile time (fresh inductor
 cache folder), warm-cache time (a second process on the same folder), bytes identical to the eager quantiser
 (several shapes), and GB of BF16 input per CPU-second (process time, robust to other load) for both.
