@@ -7,7 +7,9 @@ Builds a synthetic multi-shard BF16 checkpoint with DeepSeek-V4-Flash tensor sha
 of 512, q/o LoRA 1024, 8 output groups, 256-wide indexer, routed experts 2048×4096; vocabulary cut to 4096
 so the kept-in-BF16 share stays near the real model's ~1%), then in the same run times:
   - `cp -r` of the shards (page cache to page cache): the I/O ceiling, and `cp` + `sync` (data on disk);
-  - `python -m repro convert` with --no-fsync (compare with cp) and with fsync (compare with cp + sync);
+  - `python -m repro convert` with --no-fsync (compare with cp) and with fsync (compare with cp + sync); the
+    converter writes with O_DIRECT where the file system allows it, so even without fsync its output is on
+    the device when it ends, while cp's is still in the page cache;
   - the in-memory quantiser alone on one process and thread (no I/O), with and without the error pass.
 Conversion GB/s counts BF16 input bytes per second of the converter's own clock (process start-up, ~1-2 s
 of importing torch, is reported separately). Peak RSS is the largest resident set of the converter's main

@@ -173,6 +173,7 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
                     max_rel_error=opts.max_rel_error, on_stats=stats.append, where=sh.src,
                     scale_namer=release_scale_name if release else scale_name, threads=_threads(opts),
                     overwrite_input=True,  # each tensor is in `buffer`, written out before the next is read
+                    on_ready=writer.stream,  # its finished front goes to the disk while the rest is quantised
                 )
             else:
                 converted = fn_to_fnuz_tensors(sh.items(read), sh.scales, on_stats=stats.append, where=sh.src)

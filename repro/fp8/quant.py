@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext as _nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -110,16 +112,21 @@ def quantize_block(
 
 def quantize_block_with_error(
     w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False,
-    threads: int = 1, overwrite_input: bool = False,
+    threads: int = 1, overwrite_input: bool = False, on_ready: Callable[[torch.Tensor, int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums]:
     """`quantize_block` plus the error of dequant(q) against w, computed in the same pass over the data.
 
     `overwrite_input`: w is scratch (a converter's read buffer), so on CPU the FP8 bytes are written over the
     front of w's own memory, each slab's only once the slabs whose input it covers have been read; q is then a
     view of w's storage and w is garbage. This saves allocating q (the converter's largest tensor after its read
-    buffer). Falls back to a fresh q when w is not contiguous."""
+    buffer). Falls back to a fresh q when w is not contiguous.
+
+    `on_ready(q, n)`, called in the calling thread as slabs finish: the first n elements of q (in memory order)
+    are final, so a writer can stream them while the rest is quantised (only for slabs of whole rows, as on
+    CPU in place; n only grows, and the last call has n = q.numel()). A tensor that turns out to hold NaN/Inf
+    raises afterwards, so what was streamed must then be thrown away."""
     return _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=True, threads=threads,
-                     overwrite_input=overwrite_input)
+                     overwrite_input=overwrite_input, on_ready=on_ready)
 
 
 def dequantize_block(
@@ -169,7 +176,7 @@ def e4m3fn_to_e4m3fnuz(
 
 def _quantize(
     w: torch.Tensor, fmt: FP8Format, block: int, pow2: bool, with_error: bool, threads: int = 1,
-    overwrite_input: bool = False,
+    overwrite_input: bool = False, on_ready: Callable[[torch.Tensor, int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums | None]:
     if w.ndim < 2:
         raise ValueError(f"block quantisation needs a [..., N, K] tensor, got shape {tuple(w.shape)}")
@@ -218,11 +225,17 @@ def _quantize(
             read[i].set()  # also on an error, so that no other slab waits forever
 
     threads = max(1, min(threads, len(slabs)))
-    if threads == 1:
-        figures = [one_slab(i) for i in range(len(slabs))]
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="fp8-slab") as pool:
-            figures = list(pool.map(one_slab, range(len(slabs))))
+    flat = q.reshape(-1)
+    # slab i ends at element `ends[i]` of q's memory when slabs are whole rows, in order (else report only the end)
+    ends = [start[i] + (r1 - r0) * k for i, (_, r0, r1, _, _) in enumerate(slabs)] if slab_cols == k else None
+    figures = []
+    with ThreadPoolExecutor(threads, thread_name_prefix="fp8-slab") if threads > 1 else _nullcontext() as pool:
+        for i, figure in enumerate(pool.map(one_slab, range(len(slabs))) if pool else map(one_slab, range(len(slabs)))):
+            figures.append(figure)  # map yields in slab order: slabs 0..i are done
+            if on_ready is not None and ends is not None:
+                on_ready(flat, ends[i])
+    if on_ready is not None and (ends is None or not slabs):
+        on_ready(flat, flat.numel())
     figures = torch.stack(figures) if figures else torch.zeros((0, 6 if with_error else 1))
     # the last figure of a slab is its largest |w|, NaN or Inf if any element is: one check per tensor
     if not bool(torch.isfinite(figures[:, -1]).all()):

@@ -9,8 +9,11 @@ after the header), then the tensor bytes, contiguous and in offset order. Files 
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
+import mmap
 import os
 import struct
 import zlib
@@ -146,10 +149,19 @@ class StreamingWriter:
     """Writes a .safetensors file whose header (names, dtypes, shapes) is known before the data.
 
     `write(name, tensor)` must be called in the planned order; a CRC-32 of the file is computed as it is
-    written (cheap enough not to show in the throughput; it guards resumed shards against damage).
+    written (it guards resumed shards against damage). `stream` writes a tensor's finished front ahead of it.
+
+    The bytes go through a page-aligned staging buffer of `STAGE_BYTES` (so the caller may reuse a tensor's
+    memory as soon as `write` returns). With `direct` (the default) the file is opened with O_DIRECT, so a full
+    buffer is DMA'd to the device: writing through the page cache instead costs a kernel copy per byte, 0.3 to
+    3.7 CPU-seconds per 1.3 GB on this VM depending on whether the page cache has to take fresh pages, against
+    0.05 s with O_DIRECT. A file system that refuses O_DIRECT gets ordinary writes from the same buffer. The
+    writes are made in the caller's thread: the converter streams each tensor while its slab threads quantise
+    the rest, so they overlap anyway, and a writer thread cost 6-16 MiB of peak RSS for no gain in wall time.
     """
 
-    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None):
+    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None,
+                 direct: bool = True):
         self.path = Path(path)
         self._plan = plan
         self._next = 0
@@ -162,14 +174,50 @@ class StreamingWriter:
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._file = open(self.path, "wb")
+        self._fd, self.direct = _open_for_writing(self.path, direct)
+        self._stage = mmap.mmap(-1, STAGE_BYTES)  # page-aligned, as O_DIRECT needs
+        self._fill = 0
+        self._streamed = 0  # bytes of the next planned tensor already written by `stream`
         self.crc32 = 0
-        self._put(struct.pack("<Q", len(raw)) + raw)
+        self._put(memoryview(struct.pack("<Q", len(raw)) + raw))
         self.size = 8 + len(raw) + offset
 
-    def _put(self, data) -> None:
-        self._file.write(data)
+    def _put(self, data: memoryview) -> None:
+        """CRC `data` and copy it into the staging buffer, writing the buffer out each time it is full."""
         self.crc32 = zlib.crc32(data, self.crc32)
+        done = 0
+        while done < len(data):
+            n = min(len(data) - done, STAGE_BYTES - self._fill)
+            self._stage[self._fill : self._fill + n] = data[done : done + n]
+            self._fill += n
+            done += n
+            if self._fill == STAGE_BYTES:
+                self._write_out()
+
+    def _write_out(self) -> None:
+        view, nbytes, pos = memoryview(self._stage), self._fill, 0
+        try:
+            while pos < nbytes:
+                end = nbytes
+                if self.direct:  # whole blocks only: the file's tail, or a short write, goes through the page cache
+                    end = pos + (nbytes - pos) // _DIRECT_ALIGN * _DIRECT_ALIGN
+                    if pos % _DIRECT_ALIGN or end == pos:
+                        self._buffered()
+                        continue
+                try:
+                    pos += os.write(self._fd, view[pos:end])
+                except OSError as err:  # a file system that opened with O_DIRECT but refuses the write itself
+                    if err.errno != errno.EINVAL or not self.direct:
+                        raise
+                    self._buffered()
+        finally:
+            view.release()
+        self._fill = 0
+
+    def _buffered(self) -> None:
+        if self.direct:
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            self.direct = False
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if self._next >= len(self._plan):
@@ -179,21 +227,60 @@ class StreamingWriter:
         if got != want:
             raise RuntimeError(f"{self.path}: tensor out of plan: got {got}, expected {want}")
         self._next += 1
+        done, self._streamed = self._streamed, 0
         if tensor.numel():
-            self._put(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            self._put(memoryview(raw[done:].numpy()))
+
+    def stream(self, name: str, flat: torch.Tensor, ready: int) -> None:
+        """Write the first `ready` elements of the next planned tensor (`flat`: its 1-D contiguous memory) ahead
+        of `write(name, tensor)`, which then writes only the rest; for a producer that finishes a tensor front
+        to back (`repro.fp8.quant.quantize_block_with_error`'s `on_ready`)."""
+        want = self._plan[self._next] if self._next < len(self._plan) else None
+        if want is None or (name, flat.dtype, flat.numel()) != (want[0], want[1], math.prod(want[2])):
+            raise RuntimeError(f"{self.path}: streamed tensor out of plan: got {(name, flat.dtype, flat.numel())}, "
+                               f"expected {want}")
+        end = ready * flat.dtype.itemsize
+        if end > self._streamed:
+            self._put(memoryview(flat.view(torch.uint8)[self._streamed : end].numpy()))
+            self._streamed = end
 
     def close(self, fsync: bool = True) -> str:
         """Finish the file; returns its CRC-32 as 8 hex digits."""
         if self._next != len(self._plan):
             raise RuntimeError(f"{self.path}: only {self._next} of {len(self._plan)} tensors written")
-        self._file.flush()
-        if fsync:
-            os.fsync(self._file.fileno())
-        self._file.close()
+        try:
+            if self._fill:
+                self._write_out()
+            if fsync:
+                os.fsync(self._fd)
+        finally:
+            self.abort()
         return f"{self.crc32:08x}"
 
     def abort(self) -> None:
-        self._file.close()
+        """Close the file (a no-op after close)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._stage.close()
+
+
+STAGE_BYTES = 1 << 20  # the writer's staging buffer, a multiple of any block size (4 MiB gained nothing)
+_DIRECT_ALIGN = 4096  # O_DIRECT offsets and lengths: whole logical blocks (512 or 4096 bytes)
+
+
+def _open_for_writing(path: Path, direct: bool) -> tuple[int, bool]:
+    """A new file opened for writing, with O_DIRECT where asked for and the file system takes it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o666), True
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+    return os.open(path, flags, 0o666), False
+
 
 
 def file_crc32(path: str | Path, chunk: int = 16 << 20) -> str:

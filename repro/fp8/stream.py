@@ -66,6 +66,7 @@ def quantize_tensors(
     scale_namer: Callable[[str], str] = scale_name,
     threads: int = 1,
     overwrite_input: bool = False,
+    on_ready: Callable[[str, torch.Tensor, int], None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """BF16 (name, tensor) pairs in, checkpoint-ready pairs out.
 
@@ -75,7 +76,8 @@ def quantize_tensors(
     `where` (e.g. the shard path) prefixes error messages. `threads` > 1 quantises each tensor's slabs on that
     many threads (the same bytes). `overwrite_input`: each input tensor is scratch that is dead once its pairs are
     consumed (a read buffer, refilled only after the consumer has written them), so its FP8 bytes are written over
-    its own memory (see `quantize_block_with_error`).
+    its own memory (see `quantize_block_with_error`). `on_ready(name, flat, n)`: the first n elements of the FP8
+    tensor about to be yielded as `name` are final (its `on_ready`), for a writer that streams them meanwhile.
     """
     fmt = get_format(fmt)
     limit = rel_error_bound(fmt, pow2_scale, block_size) if max_rel_error is None else max_rel_error
@@ -97,8 +99,9 @@ def quantize_tensors(
             yield name, t
             continue
         try:
+            ready = None if on_ready is None else lambda flat, n, name=name: on_ready(name, flat, n)
             q, s, err = quantize_block_with_error(t, fmt, block_size=block_size, pow2_scale=pow2_scale,
-                                                  threads=threads, overwrite_input=overwrite_input)
+                                                  threads=threads, overwrite_input=overwrite_input, on_ready=ready)
         except NonFiniteInputError:
             raise CheckpointError(f"{prefix}tensor {name}: holds NaN or Inf") from None
         stats.bytes_out = q.numel() + s.numel() * 4
