@@ -1,6 +1,7 @@
 """Is the tiny DeepSeek-V4's training step bound by op count, and does torch.compile pay for itself over a run?
 
-On one trainer-shaped batch (256 rows: 7-token prompts + 12-token responses, the routing replayed as in R3) it
+On one trainer-shaped batch (256 rows: 7-token prompts + 12-token responses), the model cast and switched to the
+entrywise hyper-connections as the embedded trainer runs it, it
 reports (1) aten ops per forward + backward, counted with a TorchDispatchMode (exact on any machine, load or
 not), and the share of them issued by the hyper-connections' Sinkhorn loop; (2) interleaved wall times of an eager
 and a ``torch.compile``d forward + backward, the compile's one-off cost, and the steps it needs to pay it back
@@ -61,17 +62,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="the trainer's compute dtype")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from repro.model.assets import ensure_warm_checkpoint
     from repro.model.hf_folder import load_checkpoint
 
+    from repro.model import layouts
+    from repro.model.hyper_connection import use_entrywise_hyper_connections
+    from repro.train.embedded import cast_for_training
+
     model, _ = load_checkpoint(ensure_warm_checkpoint())
-    model.train(False)
+    model = cast_for_training(model, args.dtype, keep_fp32=layouts.keeps_fp32)  # as the embedded trainer runs it
     ids = training_batch(model)
     total, sinkhorn = count_ops(model, ids, model.config.hc_sinkhorn_iters)
-    print(f"load={os.getloadavg()[0]:.2f} batch={tuple(ids.shape)}")
-    print(f"aten ops per forward+backward: {total:,}; Sinkhorn loop ({model.config.hc_sinkhorn_iters} iterations): "
+    print(f"load={os.getloadavg()[0]:.2f} batch={tuple(ids.shape)} dtype={args.dtype}")
+    print(f"aten ops per forward+backward, transformers' hyper-connections: {total:,}; Sinkhorn loop "
+          f"({model.config.hc_sinkhorn_iters} iterations): {sinkhorn:,} ({100 * sinkhorn / total:.0f}%)")
+    use_entrywise_hyper_connections(model)  # the trainer's
+    total, sinkhorn = count_ops(model, ids, model.config.hc_sinkhorn_iters)
+    print(f"aten ops per forward+backward, entrywise hyper-connections (the trainer's): {total:,}; Sinkhorn loop "
           f"{sinkhorn:,} ({100 * sinkhorn / total:.0f}%)")
     if args.no_compile:
         return
