@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -98,10 +99,24 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true", help="repro without Ray (its groups in one process)")
     parser.add_argument("--variant", action="append", default=[], help="'LABEL|TREE|k=v,k=v', repeatable")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's, off by default")
+    parser.add_argument("--shared-ray", action="store_true",
+                        help="one local Ray instance that every repro run joins, as make repro's chain does: the "
+                             "steps timed then do not overlap Ray's own start-up work (its agents' first ~30 s)")
     args = parser.parse_args()
     if args.setup:
         setup()
         return
+    with ExitStack() as stack:
+        if args.shared_ray and not args.in_process:
+            from repro.cluster.runtime import shared_local_instance
+            from repro.recipes import load_recipe
+
+            info = stack.enter_context(shared_local_instance(load_recipe("tiny-cpu")))
+            print(f"shared local Ray instance at {info.address}" if info else "joining the Ray instance set already")
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     variants = [parse_variant(v) for v in args.variant] or [("repro", REPO, [])]
     load_before = os.getloadavg()
     medians: dict[str, list[float]] = {label: [] for label, _, _ in variants} | {"TRL": []}
