@@ -100,8 +100,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="'LABEL|TREE|k=v,k=v', repeatable")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's, off by default")
     parser.add_argument("--shared-ray", action="store_true",
-                        help="one local Ray instance that every repro run joins, as make repro's chain does: the "
-                             "steps timed then do not overlap Ray's own start-up work (its agents' first ~30 s)")
+                        help="one local Ray instance that every repro run joins, as make repro's chain does: each "
+                             "run skips Ray's ~10 s start (the step times are the same either way, measured)")
     args = parser.parse_args()
     if args.setup:
         setup()
