@@ -26,7 +26,7 @@ from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches
 from repro.train.batch_checks import check_batch
 from repro.train.grpo_update import (
-    DTYPES, GRPOUpdate, UpdateStats, check_settings, recipe_settings, run_train_step,
+    DTYPES, GRPOUpdate, UpdatePlan, UpdateStats, check_settings, recipe_settings, run_train_step,
 )
 from repro.train.optimizer import MasterAdamW
 from repro.train.threads import ThreadedReplicas, balanced_shares
@@ -143,9 +143,10 @@ class EmbeddedTrainer:
                              torch.where(mask, ent, 0.0))
                 start += micro.num_rows
 
-    def _row_shares(self, batch: TrainBatch, forwarded: torch.Tensor) -> tuple[list, list]:
-        """(the [r] ``forwarded`` rows, the other rows), each split into one share per update thread, balanced by
+    def _row_shares(self, batch: TrainBatch, plan: UpdatePlan | None) -> tuple[list, list]:
+        """(the rows ``plan`` forwards, the other rows), each split into one share per update thread, balanced by
         response width; empty shares are [] entries, so index i is thread i's."""
+        forwarded = plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64)
         widths = batch.response_mask.int().cumsum(dim=1).argmax(dim=1) + 1
         rest = torch.ones(batch.num_rows, dtype=torch.bool).index_fill(0, forwarded, False).nonzero().squeeze(1)
         split = []
@@ -163,8 +164,7 @@ class EmbeddedTrainer:
         plan = None
         if self.grpo.scores_in_update and batch.advantages.shape == (batch.num_rows,):
             plan = self.grpo.plan(replace(batch, old_logprobs=None), UpdateStats())
-        forwarded = plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64)
-        shares, rests = self._row_shares(batch, forwarded)
+        shares, rests = self._row_shares(batch, plan)
         return [[rows for rows in (share, rest) if len(rows)] for share, rest in zip(shares, rests)]
 
     # ---- training ------------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class EmbeddedTrainer:
         self.opt.zero_grad()
         stats = UpdateStats()
         plan = self.grpo.plan(batch, stats)
-        shares, skipped = self._row_shares(batch, plan.rows if plan is not None else torch.zeros(0, dtype=torch.int64))
+        shares, skipped = self._row_shares(batch, plan)
         per_thread = [UpdateStats() for _ in shares]
         work = []
         for share, rest, share_stats in zip(shares, skipped, per_thread):
@@ -193,7 +193,7 @@ class EmbeddedTrainer:
             stats.add(share_stats)
         return stats
 
-    def _backward_rows(self, batch: TrainBatch, rows: torch.Tensor, plan, stats: UpdateStats,
+    def _backward_rows(self, batch: TrainBatch, rows: torch.Tensor, plan: UpdatePlan, stats: UpdateStats,
                        scores: LogprobResult | None, model: torch.nn.Module) -> None:
         """Forward and backward ``batch``'s [r] ``rows`` on ``model`` in token-budget micro-batches (see
         ``_accumulate_gradients``), adding their sums to ``stats``."""

@@ -50,6 +50,7 @@ class ThreadedReplicas:
             raise ValueError(f"update threads must be >= 1, got {threads}")
         self.models = [model] + [copy.deepcopy(model) for _ in range(threads - 1)]
         self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="update") if threads > 1 else None
+        self._share_weights()  # the copies' own weight tensors are freed at once, not at the first run
 
     @property
     def threads(self) -> int:
