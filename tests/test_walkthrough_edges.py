@@ -144,7 +144,7 @@ def test_sigterm_tears_down_the_local_ray_instance_the_run_started(tmp_path):
     processes = json.loads(record.read_text())["processes"]
     assert processes and _alive(processes)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.stderr.read()[-3000:]
     assert _wait_gone(processes) == [] and not record.exists()
 
 
