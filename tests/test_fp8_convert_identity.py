@@ -110,6 +110,7 @@ def _digests(folder):
 @pytest.mark.parametrize("fmt,pow2,threads", [(*key, threads) for key in sorted(RECORDED) for threads in (1, 3)])
 def test_converter_bytes_match_the_recorded_digests(checkpoint, tmp_path, monkeypatch, fmt, pow2, threads):
     monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 16)  # several slabs per tensor for the threads to share
+    monkeypatch.setattr(quant, "_FUSED_SLAB_FACTOR", 1)
     opts = ConvertOptions(fmt=fmt, pow2_scale=pow2, threads=threads, progress=False, fsync=False)
     got = _digests(convert_checkpoint(checkpoint, tmp_path / "out", opts).output_dir)
     assert got == RECORDED[(fmt, pow2)]
@@ -133,6 +134,7 @@ def _reference(w, fmt, pow2):
 @pytest.mark.parametrize("fmt,pow2", [("e4m3fn", False), ("e4m3fnuz", False), ("e4m3fn", True), ("e4m3fnuz", True)])
 def test_threaded_slabs_match_the_whole_tensor_reference(monkeypatch, fmt, pow2):
     monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 15)  # many slabs per tensor, some split across columns
+    monkeypatch.setattr(quant, "_FUSED_SLAB_FACTOR", 1)
     g = torch.Generator().manual_seed(5)
     fmt = get_format(fmt)
     for shape, dtype in (((1000, 1100), torch.float32), ((640, 1536), torch.bfloat16), ((3, 260, 130), torch.bfloat16),
@@ -154,6 +156,7 @@ def test_threaded_slabs_match_the_whole_tensor_reference(monkeypatch, fmt, pow2)
 
 def test_a_non_finite_value_in_any_slab_is_refused_with_threads(monkeypatch):
     monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 15)
+    monkeypatch.setattr(quant, "_FUSED_SLAB_FACTOR", 1)
     for bad in (float("nan"), float("inf"), -float("inf")):
         w = torch.zeros(512, 512)
         w[400, 300] = bad
@@ -180,6 +183,7 @@ def test_the_cast_rounds_values_just_above_max_down_to_max(fmt):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_fp8_written_over_the_input_gives_the_same_bytes(monkeypatch, threads):
     monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 14)  # many slabs, each overwriting earlier slabs' input
+    monkeypatch.setattr(quant, "_FUSED_SLAB_FACTOR", 1)
     g = torch.Generator().manual_seed(7)
     for shape, dtype in (((1000, 1100), torch.float32), ((640, 1536), torch.bfloat16), ((3, 260, 130), torch.bfloat16),
                          ((130, 100), torch.float32)):

@@ -107,6 +107,8 @@ def test_on_ready_reports_final_prefixes_in_order(monkeypatch, threads, in_place
     import repro.fp8.quant as quant
 
     monkeypatch.setattr(quant, "_CPU_SLAB_ELEMS", 1 << 15)  # many slabs
+
+    monkeypatch.setattr(quant, "_FUSED_SLAB_FACTOR", 1)
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(2, 300, 256, generator=g) * 0.02).to(torch.bfloat16)  # a partial block-row in each expert
     ref, _, _ = quant.quantize_block_with_error(w.clone(), "e4m3fnuz")

@@ -33,7 +33,7 @@ import repro
 from repro.errors import CheckpointError
 from repro.fp8.inputs import CONFIG, FN_TO_FNUZ, INDEX, QUANTISE, ShardPlan, is_deepseek_v4, plan_shards, read_config
 from repro.fp8.quant import BLOCK_SIZE, FP8Format, get_format
-from repro.fp8.safetensors_io import StreamingWriter, file_crc32, read_tensor
+from repro.fp8.safetensors_io import StreamingWriter, file_crc32, read_tensor, tensor_filler
 from repro.fp8.rules import release_scale_name, scale_name
 from repro.fp8.stream import fn_to_fnuz_tensors, quantize_tensors
 from repro.fp8.verify import TensorStats, stats_table, summarise
@@ -116,7 +116,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
         shard_seconds=max((markers[sh.name]["finished"] for sh in todo), default=0.0)
         - min((markers[sh.name]["started"] for sh in todo), default=0.0),
         peak_rss_bytes=max(usage_self, usage_workers), peak_rss_self_bytes=usage_self,
-        summary=summarise(stats_table(stats)),
+        summary=summarise(stats),
     )
 
 
@@ -167,9 +167,14 @@ def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: Conv
                     _progress(info.nbytes)
                 return tensor
 
+            def place(info):  # read later, slab by slab, by the quantiser's threads
+                if _progress:
+                    _progress(info.nbytes)
+                return tensor_filler(f.fileno(), info, sh.src, buffer)
+
             if mode == QUANTISE:
                 converted = quantize_tensors(
-                    sh.items(read), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
+                    sh.items(read, place), fmt_name, pow2_scale=opts.pow2_scale, block_size=opts.block_size,
                     max_rel_error=opts.max_rel_error, on_stats=stats.append, where=sh.src,
                     scale_namer=release_scale_name if release else scale_name, threads=_threads(opts),
                     overwrite_input=True,  # each tensor is in `buffer`, written out before the next is read
@@ -342,7 +347,7 @@ def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[ShardP
         if path.is_file() and path.name != CONFIG and not path.name.startswith(".") and not path.name.endswith(_WEIGHT_FILES):
             shutil.copy2(path, tmp / path.name)
     report = {"source": str(src.resolve()), "mode": mode, "options": asdict(opts), "format": fmt.name,
-              "summary": summarise(stats_table(stats)), "tensors": [s.to_dict() for s in stats]}
+              "summary": summarise(stats), "tensors": [s.to_dict() for s in stats]}
     _write_json_atomic(tmp / REPORT, report)
     shutil.rmtree(tmp / ".done")
     (tmp / ".run.json").unlink()

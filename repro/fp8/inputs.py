@@ -39,9 +39,14 @@ class ShardPlan:
     parts: list[list[Part]] | None = None
     scales: dict[str, str] = field(default_factory=dict)  # fn->fnuz: scale name -> weight name, whole checkpoint
 
-    def items(self, read):
-        """(name, tensor) pairs to convert, given ``read(info) -> tensor``."""
+    def items(self, read, place=None):
+        """(name, tensor) pairs to convert, given ``read(info) -> tensor``; with ``place(info) -> (tensor,
+        fill)``, (name, tensor, fill) triples whose tensors are read later by fill (see `stream.quantize_tensors`),
+        except those cut into parts, which are read whole."""
         for i, info in enumerate(self.tensors):
+            if self.parts is None and place is not None:
+                yield info.name, *place(info)
+                continue
             tensor = read(info)
             if self.parts is None:
                 yield info.name, tensor

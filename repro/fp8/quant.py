@@ -18,6 +18,9 @@ spreads the slabs of one tensor over Python threads (torch releases the GIL insi
 its own scratch buffers, and the per-slab error sums are added in slab order, so the result does not depend
 on the thread count); elsewhere the slab is the whole matrix. The optional error pass dequantises with
 integer bit operations (exact; see `fp8_to_float`) because torch's fp8->fp32 cast is scalar on CPU.
+A BF16 slab on CPU instead goes to one compiled call (`repro.fp8.fused`: the same bytes, ~2.5x less CPU, the
+GIL released), which always computes the error figures; these torch ops remain the reference and the path for
+fp16/fp32 inputs, other devices, and machines without a C compiler.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from contextlib import nullcontext as _nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from repro.fp8 import fused
 
 MANTISSA_BITS = 3
 BLOCK_SIZE = 128
@@ -72,6 +77,9 @@ _MIN_SCALE = 2.0**-126
 # CPU slab size in elements: big enough to amortise the ~5 us per-op overhead of eager torch, small enough
 # for the five scratch buffers to stay in cache.
 _CPU_SLAB_ELEMS = 1 << 19
+# The compiled pass keeps no slab-sized scratch, so its slabs can be larger (fewer thread hand-offs).
+_FUSED_SLAB_FACTOR = 4
+_USE_FUSED = True  # False: the torch ops everywhere (tests compare the two paths)
 
 
 @dataclass
@@ -113,6 +121,7 @@ def quantize_block(
 def quantize_block_with_error(
     w: torch.Tensor, fmt: str | FP8Format = "e4m3fn", *, block_size: int = BLOCK_SIZE, pow2_scale: bool = False,
     threads: int = 1, overwrite_input: bool = False, on_ready: Callable[[torch.Tensor, int], None] | None = None,
+    fill: Callable[[int, int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums]:
     """`quantize_block` plus the error of dequant(q) against w, computed in the same pass over the data.
 
@@ -124,9 +133,12 @@ def quantize_block_with_error(
     `on_ready(q, n)`, called in the calling thread as slabs finish: the first n elements of q (in memory order)
     are final, so a writer can stream them while the rest is quantised (only for slabs of whole rows, as on
     CPU in place; n only grows, and the last call has n = q.numel()). A tensor that turns out to hold NaN/Inf
-    raises afterwards, so what was streamed must then be thrown away."""
+    raises afterwards, so what was streamed must then be thrown away.
+
+    `fill(a, b)`: w's memory is not read yet; each slab thread calls fill for its bytes [a, b) of w (a CPU
+    contiguous buffer) before quantising them, so reading the input is spread over the threads too."""
     return _quantize(w, get_format(fmt), block_size, pow2_scale, with_error=True, threads=threads,
-                     overwrite_input=overwrite_input, on_ready=on_ready)
+                     overwrite_input=overwrite_input, on_ready=on_ready, fill=fill)
 
 
 def dequantize_block(
@@ -177,12 +189,15 @@ def e4m3fn_to_e4m3fnuz(
 def _quantize(
     w: torch.Tensor, fmt: FP8Format, block: int, pow2: bool, with_error: bool, threads: int = 1,
     overwrite_input: bool = False, on_ready: Callable[[torch.Tensor, int], None] | None = None,
+    fill: Callable[[int, int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ErrorSums | None]:
     if w.ndim < 2:
         raise ValueError(f"block quantisation needs a [..., N, K] tensor, got shape {tuple(w.shape)}")
     if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"expected a bf16/fp16/fp32 tensor, got {w.dtype}")
     *lead, n, k = w.shape
+    if fill is not None and not (w.is_contiguous() and w.device.type == "cpu"):
+        raise ValueError("fill: w must be contiguous CPU memory (the buffer it reads into)")
     w3 = w.reshape(-1, n, k).contiguous()
     in_place = overwrite_input and w.device.type == "cpu" and w.is_contiguous() and w.numel() > 0
     if in_place:  # the front numel bytes of w's memory, in w's element order
@@ -190,10 +205,13 @@ def _quantize(
     else:
         q = torch.empty(w3.shape, dtype=fmt.dtype, device=w.device)
     scale = torch.empty((w3.shape[0], -(-n // block), -(-k // block)), dtype=torch.float32, device=w.device)
+    # BF16 on CPU: one compiled pass per slab (repro.fp8.fused), with the error figures whether asked or not
+    one_pass = _USE_FUSED and w.device.type == "cpu" and w.dtype == torch.bfloat16 and fused.kernel() is not None
     if w.device.type == "cpu":  # slabs of whole blocks: block-rows x a run of block-columns, ~_CPU_SLAB_ELEMS
-        # whole rows when writing in place, so that each slab is one run of memory
-        slab_cols = k if in_place else min(k, block * max(1, _CPU_SLAB_ELEMS // (block * block)))
-        slab_rows = block * max(1, _CPU_SLAB_ELEMS // (block * max(slab_cols, 1)))
+        # whole rows when writing in place or reading by slab, so that each slab is one run of memory
+        elems = _CPU_SLAB_ELEMS * (_FUSED_SLAB_FACTOR if one_pass else 1)
+        slab_cols = k if in_place or fill is not None else min(k, block * max(1, elems // (block * block)))
+        slab_rows = block * max(1, elems // (block * max(slab_cols, 1)))
     else:
         slab_rows, slab_cols = max(n, 1), max(k, 1)
     full = n // block * block
@@ -210,19 +228,25 @@ def _quantize(
 
     def one_slab(i: int) -> torch.Tensor:
         e, r0, r1, c0, c1 = slabs[i]
-        work = getattr(workspaces, "work", None)
-        if work is None:
-            work = workspaces.work = _Workspace(min(slab_rows, n) * slab_cols, w.device)
+        x, out = w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1]
         s = scale[e, r0 // block : -(-r1 // block), c0 // block : -(-c1 // block)]
-        if read is None:
-            return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work)
         end = start[i] + (r1 - r0) * k
-        covered = [read[j] for j in range(i) if start[j] * w.dtype.itemsize < end]
+        covered = [read[j] for j in range(i) if start[j] * w.dtype.itemsize < end] if read is not None else []
         try:
-            return _quantize_slab(w3[e, r0:r1, c0:c1], q[e, r0:r1, c0:c1], s, fmt, block, pow2, with_error, work,
-                                  (read[i].set, lambda: [event.wait() for event in covered]))
+            if fill is not None:  # this slab's input is read here, by this thread (whole rows: one run of bytes)
+                fill(start[i] * w.dtype.itemsize, end * w.dtype.itemsize)
+            if one_pass:  # the kernel reads and writes row by row: wait for every covered slab first
+                for event in covered:
+                    event.wait()
+                return _fused_slab(x, out, s, fmt, block, pow2)
+            work = getattr(workspaces, "work", None)
+            if work is None:
+                work = workspaces.work = _Workspace(min(slab_rows, n) * slab_cols, w.device)
+            hooks = (read[i].set, lambda: [event.wait() for event in covered]) if read is not None else None
+            return _quantize_slab(x, out, s, fmt, block, pow2, with_error, work, hooks)
         finally:
-            read[i].set()  # also on an error, so that no other slab waits forever
+            if read is not None:
+                read[i].set()  # also on an error, so that no other slab waits forever
 
     threads = max(1, min(threads, len(slabs)))
     flat = q.reshape(-1)
@@ -310,6 +334,14 @@ def _quantize_slab(x, q, s, fmt: FP8Format, block: int, pow2: bool, with_error: 
     if with_error:
         return _slab_error(f, a, q, scale, amax_max, fmt, split, y, work.b[:n].view(rows, k))
     return amax_max
+
+
+def _fused_slab(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fmt: FP8Format, block: int, pow2: bool
+                ) -> torch.Tensor:
+    """`_quantize_slab` for a BF16 slab, by the compiled kernel (`repro.fp8.fused`; GIL released)."""
+    return fused.quantize_bf16(x.detach(), q.view(torch.uint8), s, block, fmt.max, _MIN_SCALE, pow2,
+                               fmt.name == "e4m3fnuz", 2.0 ** (127 - fmt.exponent_bias),
+                               0x7F if fmt.name == "e4m3fn" else -128)
 
 
 def _error_sums(per_slab: torch.Tensor, fmt: FP8Format, numel: int) -> ErrorSums:

@@ -54,7 +54,7 @@ def planned_outputs(name: str, shape: tuple, dtype: torch.dtype, fmt: FP8Format,
 
 
 def quantize_tensors(
-    items: Iterable[tuple[str, torch.Tensor]],
+    items: Iterable[tuple[str, torch.Tensor] | tuple[str, torch.Tensor, Callable[[int, int], None] | None]],
     fmt: str | FP8Format = "e4m3fn",
     *,
     pow2_scale: bool = False,
@@ -78,11 +78,15 @@ def quantize_tensors(
     consumed (a read buffer, refilled only after the consumer has written them), so its FP8 bytes are written over
     its own memory (see `quantize_block_with_error`). `on_ready(name, flat, n)`: the first n elements of the FP8
     tensor about to be yielded as `name` are final (its `on_ready`), for a writer that streams them meanwhile.
+    An item may carry a third element, `fill(a, b)`: the tensor's bytes are not read yet, and fill reads its
+    bytes [a, b) into its memory; the quantiser's threads then read it slab by slab (kept tensors are read
+    whole first).
     """
     fmt = get_format(fmt)
     limit = rel_error_bound(fmt, pow2_scale, block_size) if max_rel_error is None else max_rel_error
     prefix = f"{where}: " if where else ""
-    for name, t in items:
+    for name, t, *rest in items:
+        fill = rest[0] if rest else None
         shape = tuple(t.shape)
         decision = rule(name, shape, t.dtype)
         check_input_dtype(name, t.dtype, decision, where)
@@ -92,6 +96,8 @@ def quantize_tensors(
             numel=t.numel(), bytes_in=t.numel() * t.dtype.itemsize, bytes_out=t.numel() * t.dtype.itemsize,
         )
         if not decision.quantise:
+            if fill is not None:
+                fill(0, t.numel() * t.dtype.itemsize)
             if t.is_floating_point() and t.numel() and not _all_finite(t):
                 raise CheckpointError(f"{prefix}tensor {name}: holds NaN or Inf")
             if on_stats:
@@ -101,7 +107,8 @@ def quantize_tensors(
         try:
             ready = None if on_ready is None else lambda flat, n, name=name: on_ready(name, flat, n)
             q, s, err = quantize_block_with_error(t, fmt, block_size=block_size, pow2_scale=pow2_scale,
-                                                  threads=threads, overwrite_input=overwrite_input, on_ready=ready)
+                                                  threads=threads, overwrite_input=overwrite_input, on_ready=ready,
+                                                  fill=fill)
         except NonFiniteInputError:
             raise CheckpointError(f"{prefix}tensor {name}: holds NaN or Inf") from None
         stats.bytes_out = q.numel() + s.numel() * 4
