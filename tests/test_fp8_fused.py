@@ -167,3 +167,14 @@ def test_reading_by_slab_equals_reading_whole_tensors(monkeypatch, tmp_path):
             quantize_block_with_error(t, "e4m3fnuz", threads=2, overwrite_input=True, fill=fill)
     finally:
         os.close(fd)
+
+
+@needs_compiler
+def test_a_compiler_without_march_native_gets_a_portable_build(tmp_path):
+    real = fused._compiler()
+    picky = tmp_path / "pickycc"
+    picky.write_text(f"#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -march=native ] && {{ echo 'unknown -march' >&2; exit 1; }}; done\n"
+                     f"exec {real} \"$@\"\n")
+    picky.chmod(0o755)
+    path = fused.build(cc=str(picky), directory=tmp_path / "cache")
+    assert path.exists() and path.parent == tmp_path / "cache" and len(list(path.parent.iterdir())) == 1
