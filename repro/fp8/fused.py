@@ -38,6 +38,7 @@ FIGURES = 6  # [||deq| - |x||_2, ||x||_2, max ||deq| - |x||, the same, NaN code,
 
 _lock = threading.Lock()
 _kernel = None  # the loaded function, False once building failed
+_library = None  # the loaded shared library (also holds `repro_fp8_cast_f32`)
 
 
 def cache_dir() -> Path:
@@ -88,20 +89,19 @@ def build(cc: str | None = None, directory: Path | None = None) -> Path:
 
 def kernel():
     """The compiled function, or None (with one warning) where it cannot be built."""
-    global _kernel
+    global _kernel, _library
     with _lock:
         if _kernel is None:
             try:
                 lib = ctypes.CDLL(str(build()))
                 fn = lib.repro_fp8_quantize_bf16
-                fn._lib = lib
                 i64, ptr, dbl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
                 fn.argtypes = [ptr, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, ctypes.c_float, ctypes.c_float,
                                ctypes.c_int, ctypes.c_int, dbl, dbl, ptr]
                 fn.restype = ctypes.c_int
                 lib.repro_fp8_cast_f32.argtypes = [ptr, ptr, i64, ctypes.c_int]
                 lib.repro_fp8_cast_f32.restype = None
-                _kernel = fn
+                _kernel, _library = fn, lib
             except (OSError, RuntimeError) as err:
                 warnings.warn(f"FP8 quantiser: using torch ops (several times slower): {err}", stacklevel=3)
                 _kernel = False
@@ -128,10 +128,9 @@ def quantize_bf16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: 
 
 def cast_f32(y: torch.Tensor, fnuz: bool) -> torch.Tensor:
     """The kernel's fp32 -> fp8 rounding alone (for tests and benchmarks): y float32 CPU -> uint8 bit patterns."""
-    fn = kernel()
-    if fn is None:
+    if kernel() is None:
         raise RuntimeError("the compiled FP8 quantiser is not available")
     y = y.contiguous()
     out = torch.empty(y.shape, dtype=torch.uint8)
-    fn._lib.repro_fp8_cast_f32(y.data_ptr(), out.data_ptr(), y.numel(), fnuz)
+    _library.repro_fp8_cast_f32(y.data_ptr(), out.data_ptr(), y.numel(), fnuz)
     return out

@@ -141,12 +141,10 @@ def header_shape(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
 def read_tensor(f, info: TensorInfo, path: str | Path = "", buffer: torch.Tensor | None = None) -> torch.Tensor:
     """Read one tensor from an open binary file, into fresh memory or into `buffer` (uint8, large enough;
     the result is then a view of it, valid until the buffer is reused)."""
-    buf = torch.empty(info.nbytes, dtype=torch.uint8) if buffer is None else buffer[: info.nbytes]
-    f.seek(info.offset)
-    got = f.readinto(buf.numpy()) if info.nbytes else 0
-    if got != info.nbytes:
-        raise CheckpointError(f"{path}: tensor {info.name}: truncated while reading ({got} of {info.nbytes} bytes)")
-    return buf.view(info.dtype).reshape(info.shape)
+    tensor, fill = tensor_filler(f.fileno(), info, path, torch.empty(info.nbytes, dtype=torch.uint8)
+                                 if buffer is None else buffer)
+    fill(0, info.nbytes)
+    return tensor
 
 
 def tensor_filler(fd: int, info: TensorInfo, path: str | Path, buffer: torch.Tensor
@@ -230,7 +228,7 @@ class StreamingWriter:
         if self._error is not None:
             raise self._error
         self._full.put((self._index, self._fill))
-        self._index = self._free.get()  # waits while the writer thread holds both buffers
+        self._index = self._free.get()  # waits while the writer thread holds every other buffer
         self._stage, self._fill = self._stages[self._index], 0
         if self._error is not None:
             raise self._error
