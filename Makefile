@@ -3,6 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The notebooks name the kernel `repro`; installed with the venv so `.venv/bin/papermill notebooks/X.ipynb` works
+# after either README command, not only after `make lab`.
+KERNEL := $(VENV)/share/jupyter/kernels/repro/kernel.json
 # The laptop's exact versions (pyproject.toml holds ranges so repro also installs into AMD's images).
 LOCK   := constraints/laptop.txt
 RUN    ?= runs/tiny-cpu
@@ -13,7 +16,7 @@ export HF_HUB_OFFLINE ?= 1
 
 .PHONY: install repro test lab figures clean
 
-install: $(STAMP)
+install: $(STAMP) $(KERNEL)
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,19 +24,21 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	@touch $(STAMP)
 
-repro: $(STAMP)
+$(KERNEL): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "repro (.venv)"
+
+repro: $(STAMP) $(KERNEL)
 	$(PY) -m repro notebooks --recipe tiny-cpu --run-dir $(RUN) --figures figures
 
 # tests/vllm and tests/megatron need their optional backends: their own lanes (test-vllm, test-megatron) run them;
 # tests/lab needs a browser: the test-lab lane runs it.
-test: $(STAMP)
+test: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -q --ignore=tests/vllm --ignore=tests/megatron --ignore=tests/lab
 
 # jupyter_server refuses to start as root without --allow-root (CI, containers and AMD's images run as root)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: $(STAMP)
-	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "repro (.venv)"
+lab: $(STAMP) $(KERNEL)
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 $(ROOT_FLAG) notebooks/
 
 figures: $(STAMP)

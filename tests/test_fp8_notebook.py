@@ -30,3 +30,27 @@ def test_notebook_runs_and_records_results(tmp_path):
     assert (tmp_path / "01_fp8_error_histogram.png").stat().st_size > 10_000
     assert (tmp_path / "fp8-e4m3fnuz" / "config.json").is_file()
     assert (tmp_path / f"{NAME}.ipynb").is_file()  # the executed copy, beside the results
+
+
+@pytest.mark.slow
+def test_the_plain_papermill_command_runs_it_from_notebooks_with_the_kernel_it_names(tmp_path):
+    """What a user types (the README's `.venv/bin/papermill notebooks/X.ipynb out.ipynb -p ...`), here from
+    notebooks/, where JupyterLab starts kernels: no -k, so the notebook's own kernel `repro` must exist -- `make
+    install` / `make test` / `make repro` install it (before, only `make lab` did: NoSuchKernel on a fresh clone)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    import repro
+
+    papermill = Path(sys.executable).with_name("papermill")
+    executed = tmp_path / "executed.ipynb"
+    proc = subprocess.run([str(papermill), f"{NAME}.ipynb", str(executed), "-p", "input_dir", "",
+                           "-p", "output_dir", str(tmp_path), "-p", "fmt", "e4m3fn"],
+                          cwd=repro.REPO_DIR / "notebooks", capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"papermill failed (run `make install` first?):\n{proc.stderr[-3000:]}"
+    assert json.loads(executed.read_text())["metadata"]["kernelspec"]["name"] == "repro"
+    results = json.loads((tmp_path / f"{NAME}.results.json").read_text())
+    assert Path(results["kernel_python"]).resolve() == Path(sys.executable).resolve()
+    assert results["format"] == "e4m3fn" and results["tensors_fp8"] == 130 and results["verified_all_finite"]
+    assert (tmp_path / "fp8-e4m3fn" / "config.json").is_file()
