@@ -27,13 +27,21 @@ MAKEFILE = REPO_DIR / "Makefile"
 
 
 def make_lab_commands(makefile: Path = MAKEFILE, python: str = sys.executable) -> list[list[str]]:
-    """The ``lab`` target's recipe lines as argument lists, with $(PY) and $(VENV) of the interpreter running us."""
+    """The ``lab`` target's recipe lines as argument lists, preceded by those of its ``$(KERNEL)`` prerequisite
+    (the kernel install), with $(PY) and $(VENV) of the interpreter running us. ($(STAMP), the venv itself, is the
+    lane's own venv, built by `make test-lab`.)"""
     text = makefile.read_text()
-    match = re.search(r"^lab:[^\n]*\n((?:\t[^\n]*\n)+)", text, re.M)
-    if not match:
-        raise RuntimeError(f"{makefile}: no `lab` target")
+
+    def rule(target: str) -> tuple[list[str], list[str]]:
+        match = re.search(rf"^{re.escape(target)}:([^\n]*)\n((?:\t[^\n]*\n)+)", text, re.M)
+        if not match:
+            raise RuntimeError(f"{makefile}: no `{target}` rule with a recipe")
+        return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+    prerequisites, lines = rule("lab")
+    if "$(KERNEL)" in prerequisites:
+        lines = rule("$(KERNEL)")[1] + lines
     venv = str(Path(python).parent.parent)
-    lines = [line.strip() for line in match.group(1).splitlines()]
     root_flag = "--allow-root" if os.geteuid() == 0 else ""
     return [shlex.split(line.replace("$(PY)", python).replace("$(VENV)", venv).replace("$(ROOT_FLAG)", root_flag))
             for line in lines]
