@@ -65,3 +65,25 @@ SAMPLES_PER_PROBLEM = "eval/samples_per_problem"
 
 def eval_avg_key(samples_per_problem: int) -> str:
     return f"{EVAL_AVG_PREFIX}{samples_per_problem}"
+
+
+# -- training-rollout mismatch by response position, as LumenRL logs it since 2232f55
+#    (lumenrl/trainer/rl_trainer.py, RLTrainer._mismatch_by_response_position): buckets of the 0-based position of a
+#    token inside its response, [0, 128), [128, 512), [512, 1024), [1024, 2048), [2048, 4096); tokens past 4,095 are in
+#    no bucket. A bucket with no token that step is not logged at all.
+POSITION_BUCKET_EDGES: tuple[int, ...] = (128, 512, 1024, 2048, 4096)
+POSITION_STATS: tuple[str, ...] = ("kl", "abs_diff", "k3_kl", "tokens")
+
+
+def position_buckets() -> list[tuple[int, int]]:
+    """[(start, end_exclusive), ...] of LumenRL's response-position buckets."""
+    starts = (0,) + POSITION_BUCKET_EDGES[:-1]
+    return list(zip(starts, POSITION_BUCKET_EDGES))
+
+
+def position_key(start: int, end: int, stat: str) -> str:
+    """``rollout_corr/pos_{start}_{end-1}/{stat}``, LumenRL's key for one bucket's statistic."""
+    return f"rollout_corr/pos_{start}_{end - 1}/{stat}"
+
+
+POSITION_KEYS: tuple[str, ...] = tuple(position_key(s, e, stat) for s, e in position_buckets() for stat in POSITION_STATS)
