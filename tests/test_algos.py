@@ -139,7 +139,7 @@ def _logp():
 
 def test_ppo_clip_loss_exact_values_and_clipfracs():
     logp = _logp()
-    out = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK)
+    out = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK, clip_ratio_c=3.0)
     assert torch.allclose(out.loss_mat, t([[-1.28, -1.1, 0.8, 3.0, 2.0, -0.5, 0.0]]), atol=1e-12)
     assert out.pg_clipfrac.item() == pytest.approx(2 / 6)
     assert out.pg_clipfrac_high.item() == pytest.approx(1 / 6)
@@ -151,7 +151,7 @@ def test_ppo_clip_loss_exact_values_and_clipfracs():
 
 def test_ppo_gradient_zero_for_clipped_tokens():
     logp = _logp()
-    out = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK)
+    out = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK, clip_ratio_c=3.0)
     out.loss_mat.sum().backward()
     # d(-A·r)/d logp = -A·r on unclipped tokens; exactly 0 where clipped, dual-clipped or padded
     assert torch.allclose(logp.grad, t([[0.0, -1.1, 0.0, 0.0, 2.0, -0.5, 0.0]]), atol=1e-12)
@@ -161,6 +161,9 @@ def test_ppo_without_dual_clip_and_with_is_weights():
     logp = _logp()
     out = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK, clip_ratio_c=None)
     assert out.loss_mat[0, 3].item() == pytest.approx(4.0) and out.pg_clipfrac_lower.item() == 0.0
+    # off is the default, as in LumenRL's GRPO loss (the AMD run): token 4 keeps its full loss and its gradient
+    default = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK)
+    assert torch.equal(default.loss_mat, out.loss_mat) and default.pg_clipfrac_lower.item() == 0.0
     weights = t([[2.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]]).requires_grad_(True)
     out = ppo_clip_loss(logp, torch.zeros_like(logp), ADV, PMASK, is_weights=weights)
     assert out.loss_mat[0, :2].tolist() == pytest.approx([-2.56, -0.55])
@@ -280,7 +283,7 @@ def test_loop_equivalence(seed):
                 assert weights[i, j].item() == pytest.approx(_loop_weight(is_mode, lr_rows[i], k), rel=1e-9)
         assert weights[mask == 0].abs().sum().item() == 0.0
 
-        loss_mat = ppo_clip_loss(logp, logp_old, adv, mask, is_weights=weights).loss_mat
+        loss_mat = ppo_clip_loss(logp, logp_old, adv, mask, clip_ratio_c=3.0, is_weights=weights).loss_mat
         rows = [
             [
                 _loop_token_loss(logp[i, j].item(), logp_old[i, j].item(), adv[i, j].item(), w=weights[i, j].item())
@@ -291,10 +294,11 @@ def test_loop_equivalence(seed):
         for mode in LOSS_AGG_MODES:
             assert agg_loss(loss_mat, mask, mode).item() == pytest.approx(_loop_agg(rows, mode, length), abs=1e-9)
 
-    m = rollout_corr_metrics(logp_old, logp_roll, mask, "token")
+    m = rollout_corr_metrics(logp_old, logp_roll, mask, "token", verl=True)
     pairs = [(logp_old[i, j].item(), logp_roll[i, j].item()) for i in range(bsz) for j in valid[i]]
     rhos = [math.exp(o - r) for o, r in pairs]
     clamped = [min(max(w, 0.5), 2.0) for w in rhos]
+    truncated = [min(w, 2.0) for w in rhos]
     seq_old = [statistics.mean(logp_old[i, j].item() for j in valid[i]) for i in range(bsz) if valid[i]]
     assert m["rollout_corr/kl"] == pytest.approx(statistics.mean(r - o for o, r in pairs), abs=1e-9)
     assert m["rollout_corr/k3_kl"] == pytest.approx(
@@ -305,7 +309,15 @@ def test_loop_equivalence(seed):
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(
         sum(w > 2.0 for w in rhos) / len(rhos)
     )
-    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(
+    assert m["rollout_corr_verl/rollout_is_eff_sample_size"] == pytest.approx(
         sum(clamped) ** 2 / (len(clamped) * sum(w * w for w in clamped)), abs=1e-9
     )
-    assert m["rollout_corr/rollout_is_std"] == pytest.approx(statistics.pstdev(clamped), abs=1e-9)
+    assert m["rollout_corr_verl/rollout_is_std"] == pytest.approx(statistics.pstdev(clamped), abs=1e-9)
+    # LumenRL's (the rollout_corr/ keys): statistics of the truncated weights, ESS of them clamped to [0, C]
+    mean_t = statistics.mean(truncated)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(mean_t, abs=1e-9)
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(max(truncated), abs=1e-9)
+    assert m["rollout_corr/rollout_is_std"] == pytest.approx(statistics.pstdev(truncated), abs=1e-9)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(
+        1 / statistics.mean((w / (mean_t + 1e-8)) ** 2 for w in truncated), abs=1e-9
+    )

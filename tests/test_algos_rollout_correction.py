@@ -14,6 +14,7 @@ import torch
 from repro.algos import (
     ROLLOUT_IS_MODES,
     AlgoShapeError,
+    position_metrics,
     ppo_clip_loss,
     rollout_corr_metrics,
     rollout_is_weights,
@@ -59,9 +60,10 @@ def test_rollout_is_overflow_is_finite():
         out = rollout_is_weights(old.float(), roll.float(), mask, mode)
         assert torch.isfinite(out.weights).all()
     assert rollout_is_weights(old, roll, mask, "token").weights.tolist() == [[2.0, math.exp(-20), 1.0]]
-    metrics = rollout_corr_metrics(old.float(), roll.float(), mask, "token")
+    metrics = rollout_corr_metrics(old.float(), roll.float(), mask, "token", verl=True)
     assert all(math.isfinite(v) for v in metrics.values())
-    assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(math.exp(20), rel=1e-5)
+    assert metrics["rollout_corr_verl/rollout_is_max"] == pytest.approx(math.exp(20), rel=1e-5)  # raw weight
+    assert metrics["rollout_corr/rollout_is_max"] == 2.0  # LumenRL's: the truncated weight
 
 
 def test_rollout_is_weights_are_detached():
@@ -106,42 +108,104 @@ def test_offpolicy_metrics_exact():
         "rollout_log_ppl": (2 * LN2 + math.log(1.25)) / 2,
         "log_ppl_diff": (-0.5 * LN2 + 2 * LN2) / 2,  # per row m_roll - m_old: -0.5 ln2 and ln4
         "log_ppl_abs_diff": (0.5 * LN2 + 2 * LN2) / 2,
+        "log_ppl_diff_max": 2 * LN2,
+        "log_ppl_diff_min": -0.5 * LN2,
         "ppl_ratio": (2**-0.5 + 4) / 2,
     }
-    assert set(m) == {"rollout_corr/" + k for k in expected}
+    # every token sits at position 0 or 1: only LumenRL's first bucket is logged, over all three tokens
+    # (δ = log π_rollout - log π_old = [-2 ln2, ln2, 2 ln2])
+    by_position = {
+        "rollout_corr/pos_0_127/tokens": 3.0,
+        "rollout_corr/pos_0_127/kl": LN2 / 3,
+        "rollout_corr/pos_0_127/abs_diff": 5 * LN2 / 3,
+        "rollout_corr/pos_0_127/k3_kl": (1.75 + LN2) / 3,  # |log ρ| <= 10: the bucket's clamp does not bite
+    }
+    assert set(m) == {"rollout_corr/" + k for k in expected} | set(by_position)
     for key, value in expected.items():
         assert m["rollout_corr/" + key] == pytest.approx(value, abs=1e-9), key
+    for key, value in by_position.items():
+        assert m[key] == pytest.approx(value, abs=1e-12), key
 
 
-def test_is_metrics_token_level_exact():
-    m = rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, "token", threshold=2.0)
+def test_is_metrics_token_level_exact_verl():
+    m = rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, "token", threshold=2.0, verl=True)
     # pre-truncation w = [4, .5, .25]; clamp to [1/2, 2] → [2, .5, .5] for std / ESS
-    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(4.75 / 3)
-    assert m["rollout_corr/rollout_is_max"] == pytest.approx(4.0)
-    assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.25)
+    assert m["rollout_corr_verl/rollout_is_mean"] == pytest.approx(4.75 / 3)
+    assert m["rollout_corr_verl/rollout_is_max"] == pytest.approx(4.0)
+    assert m["rollout_corr_verl/rollout_is_min"] == pytest.approx(0.25)
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 3)
     assert m["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(1 / 3)
-    assert m["rollout_corr/rollout_is_std"] == pytest.approx(math.sqrt(1.5 - 1.0))  # E[w²] = 4.5/3, E[w] = 1
-    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(3.0**2 / (3 * 4.5))  # = 2/3
+    assert m["rollout_corr_verl/rollout_is_std"] == pytest.approx(math.sqrt(1.5 - 1.0))  # E[w²] = 4.5/3, E[w] = 1
+    assert m["rollout_corr_verl/rollout_is_eff_sample_size"] == pytest.approx(3.0**2 / (3 * 4.5))  # = 2/3
     assert "rollout_corr/rollout_rs_masked_fraction" not in m
+    assert not any(k.startswith("rollout_corr_verl/") for k in rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, "token"))
+
+
+def test_is_metrics_token_level_exact_lumenrl():
+    """LumenRL's definitions (AMD's run): statistics of the truncated weights, ESS on them clamped to [0, C]."""
+    m = rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, "token", threshold=2.0)
+    # raw w = [4, .5, .25] -> truncated [2, .5, .25]: E[w] = 2.75/3, E[w²] = 4.3125/3
+    mean, second = 2.75 / 3, 4.3125 / 3
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(mean, abs=1e-12)
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(2.0, abs=1e-12)
+    assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.25, abs=1e-12)
+    assert m["rollout_corr/rollout_is_std"] == pytest.approx(math.sqrt(second - mean**2), abs=1e-12)
+    # 1 / E[(w / (E w + 1e-8))²] = (E w + 1e-8)² / E[w²] = 0.58454..., below verl's 2/3 for the same tokens
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx((mean + 1e-8) ** 2 / second, abs=1e-12)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] < 2 / 3
 
 
 def test_is_metrics_sequence_level_exact():
-    m = rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, "sequence", threshold=1.5)
-    # per-row w = [2, 0.25], per token [2, 2, .25]; clamp to [2/3, 1.5] → [1.5, 1.5, 2/3]
+    m = rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, "sequence", threshold=1.5, verl=True)
+    # per-row w = [2, 0.25], per token [2, 2, .25]; verl clamps to [2/3, 1.5] → [1.5, 1.5, 2/3]
     clamped = [1.5, 1.5, 2 / 3]
     mean_c = sum(clamped) / 3
-    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(4.25 / 3)
-    assert m["rollout_corr/rollout_is_max"] == pytest.approx(2.0)
-    assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.25)
+    assert m["rollout_corr_verl/rollout_is_mean"] == pytest.approx(4.25 / 3)
+    assert m["rollout_corr_verl/rollout_is_max"] == pytest.approx(2.0)
+    assert m["rollout_corr_verl/rollout_is_min"] == pytest.approx(0.25)
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.5)
     assert m["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(0.5)
-    assert m["rollout_corr/rollout_is_std"] == pytest.approx(
+    assert m["rollout_corr_verl/rollout_is_std"] == pytest.approx(
         math.sqrt(sum(w * w for w in clamped) / 3 - mean_c**2)
     )
-    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(
+    assert m["rollout_corr_verl/rollout_is_eff_sample_size"] == pytest.approx(
         sum(clamped) ** 2 / (3 * sum(w * w for w in clamped))
     )
+    # LumenRL: the loss's weights are the truncated [1.5, 1.5, .25]; max/min of the raw per-sequence weight
+    truncated = [1.5, 1.5, 0.25]
+    mean_t, second_t = sum(truncated) / 3, sum(w * w for w in truncated) / 3
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(mean_t, abs=1e-12)
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(2.0, abs=1e-12)
+    assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.25, abs=1e-12)
+    assert m["rollout_corr/rollout_is_std"] == pytest.approx(math.sqrt(second_t - mean_t**2), abs=1e-12)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx((mean_t + 1e-8) ** 2 / second_t, abs=1e-12)
+
+
+def test_mismatch_by_position_uses_lumenrls_buckets_and_k3_clamp():
+    """Positions count a row's valid tokens; bucket edges 128/512/1024/2048/4096; a token past 4,095 is in none;
+    the per-bucket k3 clamps log ρ at ±10 (LumenRL's), so a token with log ρ = 12 adds e^10 - 12 - 1."""
+    length = 4100
+    mask = torch.zeros(2, length + 2, dtype=torch.int64)
+    mask[0, 2:2 + length] = 1   # row 0: a response of 4,100 tokens after 2 prompt/padding columns
+    mask[1, 0:3] = 1            # row 1: 3 tokens
+    old = torch.zeros(2, length + 2, dtype=D)
+    roll = torch.zeros(2, length + 2, dtype=D)
+    roll[0, 2 + 200] = -12.0    # row 0, position 200: log ρ = 12 (bucket 128-511)
+    roll[0, 2 + 4099] = -5.0    # position 4,099: in no bucket
+    roll[1, 1] = 0.5            # row 1, position 1: δ = 0.5 (bucket 0-127)
+    m = position_metrics(old, roll, mask)
+    assert m["rollout_corr/pos_0_127/tokens"] == 128 + 3
+    assert m["rollout_corr/pos_0_127/kl"] == pytest.approx(0.5 / 131, abs=1e-15)
+    assert m["rollout_corr/pos_0_127/abs_diff"] == pytest.approx(0.5 / 131, abs=1e-15)
+    assert m["rollout_corr/pos_0_127/k3_kl"] == pytest.approx((math.exp(-0.5) + 0.5 - 1) / 131, abs=1e-15)
+    assert m["rollout_corr/pos_128_511/tokens"] == 384
+    assert m["rollout_corr/pos_128_511/kl"] == pytest.approx(-12 / 384, abs=1e-15)
+    assert m["rollout_corr/pos_128_511/k3_kl"] == pytest.approx((math.exp(10) - 12 - 1) / 384, abs=1e-12)
+    assert [m[f"rollout_corr/pos_{a}_{b}/tokens"] for a, b in ((512, 1023), (1024, 2047), (2048, 4095))] == [
+        512, 1024, 2048]
+    assert m["rollout_corr/pos_2048_4095/kl"] == 0.0  # the -5 at position 4,099 counts nowhere
+    short = position_metrics(old[1:, :3], roll[1:, :3], mask[1:, :3])
+    assert set(short) == {f"rollout_corr/pos_0_127/{s}" for s in ("tokens", "kl", "abs_diff", "k3_kl")}
 
 
 def test_mask_mode_reports_rejected_fraction():

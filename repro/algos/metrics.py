@@ -1,38 +1,51 @@
-"""Training–inference mismatch metrics, keyed and defined as verl's ``rollout_corr_helper`` logs them
-(``compute_offpolicy_metrics`` and ``compute_is_metrics``), so our curves sit next to AMD's / LumenRL's.
+"""Training–inference mismatch metrics under LumenRL's keys and definitions (AMD's run logged these), with verl's
+variants of the IS statistics under names of their own.
 
 Notation: over valid tokens, lr = log π_old - log π_rollout, ρ = exp(lr); per sequence b with n_b > 0 valid
 tokens, m_old[b] = mean_t log π_old, m_roll[b] = mean_t log π_rollout. E_tok is the mean over all valid tokens
-of the batch, E_seq the mean over sequences with n_b > 0.
+of the batch, E_seq the mean over sequences with n_b > 0. Sources: LumenRL 2232f55
+``lumenrl/algorithms/rollout_correction.py`` (``compute_offpolicy_metrics``, ``compute_rollout_correction_weights``)
+and ``lumenrl/trainer/rl_trainer.py`` (``_mismatch_by_response_position``); verl's ``rollout_corr_helper``.
 
-  rollout_corr/kl                 E_tok[log π_rollout - log π_old]   (direct estimator of KL(π_rollout‖π_old))
+Off-policy diagnostics (the same in LumenRL and verl):
+  rollout_corr/kl                 E_tok[log π_rollout - log π_old]   (k1, direct estimator of KL(π_rollout‖π_old))
   rollout_corr/k3_kl              E_tok[ρ - lr - 1]                  (Schulman's k3 estimator)
   rollout_corr/chi2_token         E_tok[ρ²] - 1
   rollout_corr/chi2_seq           E_seq[(Π_t ρ_t)²] - 1
-  rollout_corr/training_ppl       E_seq[exp(-m_old)]   — per-sequence perplexity, then the batch mean (verl)
+  rollout_corr/training_ppl       E_seq[exp(-m_old)]   — per-sequence perplexity, then the batch mean
   rollout_corr/training_log_ppl   E_seq[-m_old]
   rollout_corr/rollout_ppl        E_seq[exp(-m_roll)]
   rollout_corr/rollout_log_ppl    E_seq[-m_roll]
-  rollout_corr/log_ppl_diff       E_seq[m_roll - m_old]   (= log of the per-sequence training/rollout ppl ratio)
+  rollout_corr/log_ppl_diff       E_seq[m_roll - m_old]; log_ppl_diff_max / _min: its extremes over sequences
   rollout_corr/log_ppl_abs_diff   E_seq[|m_roll - m_old|]
-  rollout_corr/ppl_ratio          E_seq[exp(m_roll - m_old)]   — per-sequence ratio, then the mean (verl)
+  rollout_corr/ppl_ratio          E_seq[exp(m_roll - m_old)]
 
-IS-weight statistics (absent for mode ``none``), at the mode's level — per token for ``token``/``token_mask``,
-per sequence (w_b = Π_t ρ_t) for ``sequence``/``sequence_mask``. As in verl they describe the weights *before*
-truncation (only the ±20 log clamp applied), so max can exceed C:
-  rollout_corr/rollout_is_mean            token-weighted mean of w
-  rollout_corr/rollout_is_max|min         extreme w over valid tokens (sequences)
-  rollout_corr/rollout_is_ratio_fraction_high   fraction of tokens (sequences) with w > C: those truncated/rejected
-  rollout_corr/rollout_is_ratio_fraction_low    fraction with w < lower (lower = 1/C unless given)
-  rollout_corr/rollout_is_std             token-weighted std of clamp(w, lower, C) (population std, as verl)
-  rollout_corr/rollout_is_eff_sample_size (Σw̃)² / (N·Σw̃²) over valid tokens, w̃ = clamp(w, lower, C); in (0, 1]
-                                          (verl's 1/E[(w̃/E w̃)²] without its 1e-8 guard)
-  rollout_corr/rollout_rs_masked_fraction ``*_mask`` modes only: fraction of valid tokens rejected (verl's
-                                          rollout_rs_masked_fraction, which lives under its rejection-sampling keys)
+IS-weight statistics, LumenRL's (absent for mode ``none``). w is the weight the loss uses (``rollout_is_weights``:
+truncated at C, or zeroed where a ``*_mask`` mode rejects), per token; the raw weight is ρ (token modes) or Π_t ρ_t
+(sequence modes):
+  rollout_corr/rollout_is_mean            E_tok[w]
+  rollout_corr/rollout_is_max|min         token modes: extremes of w over valid tokens (so max <= C);
+                                          sequence modes: of the raw per-sequence weight (LumenRL reports them so)
+  rollout_corr/rollout_is_ratio_fraction_high|low   share of tokens (sequences) whose raw weight is > C (< lower,
+                                          lower = 1/C unless given): those the cap truncated, or that were rejected
+  rollout_corr/rollout_is_std             population std of w over valid tokens (0 for a single token)
+  rollout_corr/rollout_is_eff_sample_size 1 / E_tok[(w / (E_tok[w] + 1e-8))²]: the weights clamped to [0, C]
+  rollout_corr/rollout_rs_masked_fraction ``*_mask`` modes only: share of valid tokens rejected
 
-Deviations from verl, all only in degenerate inputs: sequences with no valid token are left out of E_seq and
-of the sequence-level max/min/fractions (verl counts them as perplexity 1 / weight 1); k3_kl clamps lr to ±20
-before exp like the other metrics; no valid token at all raises instead of asserting.
+verl's variants (``verl_is_metrics``, logged under ``rollout_corr_verl/`` when the recipe asks): mean, max and min
+of the raw weights (only the ±20 log clamp), std and ESS of the raw weights clamped to [lower, C]. For the same
+weights the verl ESS is the higher one, since clamping from below at 1/C removes the small weights' spread.
+
+By response position (LumenRL's buckets, ``repro.metric_keys.position_buckets``): for the valid tokens whose 0-based
+position inside their response falls in [start, end), with δ = log π_rollout - log π_old:
+  rollout_corr/pos_{start}_{end-1}/kl        E[δ]
+  rollout_corr/pos_{start}_{end-1}/abs_diff  E[|δ|]
+  rollout_corr/pos_{start}_{end-1}/k3_kl     E[exp(clamp(-δ, ±10)) + δ - 1]  (LumenRL clamps at 10 here, not 20)
+  rollout_corr/pos_{start}_{end-1}/tokens    how many tokens; a bucket without tokens is not logged
+
+Deviations, all only in degenerate inputs: sequences with no valid token are left out of E_seq and of the
+sequence-level max/min/fractions; k3_kl clamps lr to ±20 before exp like the other metrics; no valid token at all
+raises. Everything is computed in float64.
 """
 
 from __future__ import annotations
@@ -41,44 +54,42 @@ import math
 
 import torch
 
+from repro.algos.rollout_correction import (ROLLOUT_IS_MODES, SAFETY_BOUND, RolloutISMode, clamped_log_ratio,
+                                            rollout_is_weights)
 from repro.algos.shapes import AlgoShapeError, as_float_mask, require_rank, require_same_shape
-from repro.algos.rollout_correction import ROLLOUT_IS_MODES, SAFETY_BOUND, RolloutISMode
+from repro.metric_keys import position_buckets, position_key
 
 PREFIX = "rollout_corr/"
+VERL_PREFIX = "rollout_corr_verl/"
+POSITION_K3_CLAMP = 10.0  # LumenRL's clamp of the log-ratio inside the per-position k3
 
 
 def _tok_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum())
 
 
-@torch.no_grad()
-def rollout_corr_metrics(
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    response_mask: torch.Tensor,
-    mode: RolloutISMode = "token",
-    threshold: float = 2.0,
-    threshold_lower: float | None = None,
-) -> dict[str, float]:
-    """All mismatch metrics of the batch (definitions in the module docstring).
+def _std(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Population std over the valid tokens (0 for one token)."""
+    if float(mask.sum()) <= 1:
+        return 0.0
+    mean = _tok_mean(values, mask)
+    return math.sqrt(max(_tok_mean(values.square(), mask) - mean**2, 0.0))
 
-    Args:
-        logp_old: [B, T] trainer log-probs. logp_rollout: [B, T] rollout-engine log-probs.
-        response_mask: [B, T] bool/0-1 with at least one valid token.
-        mode, threshold, threshold_lower: as passed to ``rollout_is_weights``.
-    Returns:
-        dict of python floats, keys prefixed ``rollout_corr/``.
-    """
+
+def _checked(logp_old, logp_rollout, response_mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     require_rank("logp_old", logp_old, 2)
     require_same_shape(logp_old=logp_old, logp_rollout=logp_rollout, response_mask=response_mask)
-    if mode not in ROLLOUT_IS_MODES:
-        raise AlgoShapeError(f"mode must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
     old = logp_old.detach().double()
     roll = logp_rollout.detach().double()
     mask = as_float_mask(response_mask, old)
     if mask.sum() == 0:
         raise AlgoShapeError(f"response_mask {tuple(response_mask.shape)} has no valid token")
+    return old, roll, mask
 
+
+def offpolicy_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """k1/k3 KL, chi², perplexities of the batch, unprefixed keys (module docstring). Inputs [B, T]."""
+    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
     lr = (old - roll) * mask
     lr_safe = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     rho = torch.exp(lr_safe)
@@ -88,8 +99,7 @@ def rollout_corr_metrics(
     seq_roll = ((roll * mask).sum(-1) / n_b.clamp(min=1))[rows]
     seq_lr = lr.sum(-1)[rows]
     diff = seq_roll - seq_old
-
-    out = {
+    return {
         "kl": _tok_mean(roll - old, mask),
         "k3_kl": _tok_mean(rho - lr_safe - 1.0, mask),
         "chi2_token": _tok_mean(rho.square(), mask) - 1.0,
@@ -100,37 +110,130 @@ def rollout_corr_metrics(
         "rollout_log_ppl": float((-seq_roll).mean()),
         "log_ppl_diff": float(diff.mean()),
         "log_ppl_abs_diff": float(diff.abs().mean()),
+        "log_ppl_diff_max": float(diff.max()),
+        "log_ppl_diff_min": float(diff.min()),
         "ppl_ratio": float(torch.exp(diff).mean()),
     }
 
-    if mode != "none":
-        lower = 1.0 / threshold if threshold_lower is None else threshold_lower
-        valid = mask > 0
-        if mode.startswith("sequence"):
-            unit_log_w = seq_lr  # one weight per non-empty sequence
-            w_tok = torch.exp(lr.sum(-1, keepdim=True).clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(lr)
-        else:
-            unit_log_w = lr[valid]
-            w_tok = rho
-        unit_w = torch.exp(unit_log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        w_clamped = w_tok.clamp(lower, threshold)
-        mean_clamped = _tok_mean(w_clamped, mask)
-        var = max(_tok_mean(w_clamped.square(), mask) - mean_clamped**2, 0.0)
-        count = float(mask.sum())
-        sum_w = float((w_clamped * mask).sum())
-        sum_w2 = float((w_clamped.square() * mask).sum())
-        out.update(
-            {
-                "rollout_is_mean": _tok_mean(w_tok, mask),
-                "rollout_is_max": float(unit_w.max()),
-                "rollout_is_min": float(unit_w.min()),
-                "rollout_is_ratio_fraction_high": float((unit_log_w > math.log(threshold)).double().mean()),
-                "rollout_is_ratio_fraction_low": float((unit_log_w < math.log(lower)).double().mean()),
-                "rollout_is_std": math.sqrt(var) if count > 1 else 0.0,
-                "rollout_is_eff_sample_size": sum_w**2 / (count * sum_w2),
-            }
-        )
-        if mode.endswith("_mask"):
-            outside = (w_tok < lower) | (w_tok > threshold)
-            out["rollout_rs_masked_fraction"] = _tok_mean(outside.double(), mask)
-    return {PREFIX + key: value for key, value in out.items()}
+
+def _raw_unit_log_weights(old, roll, mask, level: str) -> torch.Tensor:
+    """[N] log of the raw weight of each unit: each valid token (token level), or each non-empty sequence."""
+    lr = (old - roll) * mask
+    if level == "sequence":
+        return lr.sum(-1)[mask.sum(-1) > 0]
+    return lr[mask > 0]
+
+
+def is_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor,
+               mode: RolloutISMode = "token", threshold: float = 2.0,
+               threshold_lower: float | None = None) -> dict[str, float]:
+    """LumenRL's IS-weight statistics (module docstring), unprefixed keys; {} for mode ``none``. Inputs [B, T]."""
+    if mode not in ROLLOUT_IS_MODES:
+        raise AlgoShapeError(f"mode must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
+    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
+    if mode == "none":
+        return {}
+    level = "sequence" if mode.startswith("sequence") else "token"
+    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
+    weights = rollout_is_weights(old, roll, mask, mode, threshold, threshold_lower).weights
+    unit_log_w = _raw_unit_log_weights(old, roll, mask, level)
+    valid = mask > 0
+    if level == "token":
+        extremes = weights[valid]
+    else:
+        extremes = torch.exp(unit_log_w.clamp(max=SAFETY_BOUND))
+    w = weights.clamp(0.0, threshold)
+    w_norm = w / (_tok_mean(w, mask) + 1e-8)
+    out = {
+        "rollout_is_mean": _tok_mean(weights, mask),
+        "rollout_is_max": float(extremes.max()),
+        "rollout_is_min": float(extremes.min()),
+        "rollout_is_ratio_fraction_high": float((unit_log_w > math.log(threshold)).double().mean()),
+        "rollout_is_ratio_fraction_low": float((unit_log_w < math.log(lower)).double().mean()),
+        "rollout_is_std": _std(w, mask),
+        "rollout_is_eff_sample_size": 1.0 / _tok_mean(w_norm.square(), mask),
+    }
+    if mode.endswith("_mask"):
+        raw = torch.exp(clamped_log_ratio(old, roll, mask, level))
+        outside = (raw < lower) | (raw > threshold)
+        out["rollout_rs_masked_fraction"] = _tok_mean(outside.double(), mask)
+    return out
+
+
+def verl_is_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor,
+                    mode: RolloutISMode = "token", threshold: float = 2.0,
+                    threshold_lower: float | None = None) -> dict[str, float]:
+    """verl's IS-weight statistics (raw weights; std and ESS of the weights clamped to [lower, C]), unprefixed
+    keys; {} for mode ``none``. Inputs [B, T]."""
+    if mode not in ROLLOUT_IS_MODES:
+        raise AlgoShapeError(f"mode must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
+    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
+    if mode == "none":
+        return {}
+    level = "sequence" if mode.startswith("sequence") else "token"
+    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
+    w_tok = torch.exp(clamped_log_ratio(old, roll, mask, level))
+    unit_log_w = _raw_unit_log_weights(old, roll, mask, level)
+    unit_w = torch.exp(unit_log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    w_clamped = w_tok.clamp(lower, threshold)
+    sum_w = float((w_clamped * mask).sum())
+    sum_w2 = float((w_clamped.square() * mask).sum())
+    return {
+        "rollout_is_mean": _tok_mean(w_tok, mask),
+        "rollout_is_max": float(unit_w.max()),
+        "rollout_is_min": float(unit_w.min()),
+        "rollout_is_std": _std(w_clamped, mask),
+        "rollout_is_eff_sample_size": sum_w**2 / (float(mask.sum()) * sum_w2),
+    }
+
+
+def position_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor,
+                     response_mask: torch.Tensor) -> dict[str, float]:
+    """Mismatch by response position in LumenRL's buckets, full ``rollout_corr/pos_*`` keys (module docstring).
+    Inputs [B, T]; a token's position is its 0-based index among its row's valid tokens."""
+    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
+    valid = mask > 0
+    positions = valid.long().cumsum(dim=-1) - 1
+    delta = roll - old
+    k3 = torch.exp((-delta).clamp(-POSITION_K3_CLAMP, POSITION_K3_CLAMP)) + delta - 1.0
+    out: dict[str, float] = {}
+    for start, end in position_buckets():
+        selected = valid & (positions >= start) & (positions < end)
+        tokens = int(selected.sum())
+        if tokens == 0:
+            continue
+        out[position_key(start, end, "tokens")] = float(tokens)
+        out[position_key(start, end, "kl")] = float(delta[selected].mean())
+        out[position_key(start, end, "abs_diff")] = float(delta[selected].abs().mean())
+        out[position_key(start, end, "k3_kl")] = float(k3[selected].mean())
+    return out
+
+
+@torch.no_grad()
+def rollout_corr_metrics(
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: RolloutISMode = "token",
+    threshold: float = 2.0,
+    threshold_lower: float | None = None,
+    verl: bool = False,
+) -> dict[str, float]:
+    """Every mismatch metric of the batch as a run logs it: off-policy diagnostics and LumenRL's IS statistics
+    under ``rollout_corr/``, the per-position buckets, and with ``verl`` verl's IS statistics under
+    ``rollout_corr_verl/``.
+
+    Args:
+        logp_old: [B, T] trainer log-probs. logp_rollout: [B, T] rollout-engine log-probs.
+        response_mask: [B, T] bool/0-1 with at least one valid token.
+        mode, threshold, threshold_lower: as passed to ``rollout_is_weights``.
+    Returns:
+        dict of python floats.
+    """
+    args = (logp_old, logp_rollout, response_mask)
+    out = {PREFIX + k: v for k, v in offpolicy_metrics(*args).items()}
+    out.update({PREFIX + k: v for k, v in is_metrics(*args, mode, threshold, threshold_lower).items()})
+    out.update(position_metrics(*args))
+    if verl:
+        out.update({VERL_PREFIX + k: v for k, v in verl_is_metrics(*args, mode, threshold, threshold_lower).items()})
+    return out

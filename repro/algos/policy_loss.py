@@ -2,7 +2,8 @@
 
 PPO: Schulman et al. 2017, arXiv:1707.06347. Clip-higher (asymmetric ε_low / ε_high, recipe 0.2 / 0.28):
 DAPO, Yu et al. 2025, arXiv:2503.14476. Dual-clip (cap the loss of negative-advantage tokens at -A·c):
-Ye et al. 2020, arXiv:1912.09729, verl's ``clip_ratio_c`` = 3.0. Metric names follow verl's
+Ye et al. 2020, arXiv:1912.09729; off unless ``clip_ratio_c`` is given (verl's default is 3.0; LumenRL's GRPO loss,
+which AMD ran, leaves it off). Metric names follow verl's
 ``compute_policy_loss_vanilla``: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``.
 """
 
@@ -104,7 +105,7 @@ def ppo_clip_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
-    clip_ratio_c: float | None = 3.0,
+    clip_ratio_c: float | None = None,
     is_weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Per-token PPO-clip loss, r = exp(clamp(logp - logp_old, ±20)):

@@ -150,6 +150,7 @@ class RolloutWorker:
             weight_view=self.weight_view,
             record_routing=recipe.routing_replay.enabled,
             numerics=RolloutNumerics.from_rollout(r),
+            logprobs_mode=r.logprobs_mode,
         )
 
     def ready(self) -> None:

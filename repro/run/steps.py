@@ -114,7 +114,7 @@ def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
     c = run.recipe.rollout_correction
     return rollout_corr_metrics(
         batch.old_logprobs, batch.rollout_logprobs, batch.response_mask,
-        mode=c.mode, threshold=c.threshold, threshold_lower=c.lower_threshold,
+        mode=c.mode, threshold=c.threshold, threshold_lower=c.lower_threshold, verl=c.verl_metrics,
     )
 
 

@@ -169,6 +169,7 @@ class GRPOUpdate:
             micro_keep,
             clip_low=self.algorithm.clip_ratio_low,
             clip_high=self.algorithm.clip_ratio_high,
+            clip_ratio_c=self.algorithm.clip_ratio_c,
             is_weights=micro_w.weights,
         )
         # Each micro-batch's mean, weighted by its share of the update's normaliser (tokens or sequences),
