@@ -61,6 +61,26 @@ def test_logprobs_and_routing_match_a_full_forward(model, engine):
     assert diff.max() < 1e-4
 
 
+def test_raw_logprobs_are_the_t1_distribution_and_the_samples_do_not_change(model, engine):
+    """logprobs_mode raw (vLLM's default raw_logprobs, what AMD's run used): the same tokens as processed, each
+    with its log_softmax(logits) at T = 1 from one full forward; at T = 0.8 that differs from the processed value."""
+    params = SamplingParams(n=4, max_new_tokens=8, temperature=0.8, seed=3)
+    processed = engine.generate(PROMPTS[:2], params).trajectories
+    raw_engine = EmbeddedEngine(model, EOS_TOKEN_ID, PAD_TOKEN_ID, max_context=32, logprobs_mode="raw")
+    raw = raw_engine.generate(PROMPTS[:2], params).trajectories
+    assert [t.response_ids for t in raw] == [t.response_ids for t in processed]
+    batch = build_batch(raw, torch.zeros(len(raw)), pad_id=PAD_TOKEN_ID)
+    with torch.no_grad(), RoutingReplay(model, batch.routing):
+        logits = model(input_ids=batch.input_ids).logits
+    at_t1 = logprobs_from_logits(logits, batch.targets, temperature=1.0)
+    assert (at_t1 - batch.rollout_logprobs).abs()[batch.response_mask].max() < 1e-4
+    processed_batch = build_batch(processed, torch.zeros(len(processed)), pad_id=PAD_TOKEN_ID)
+    gap = (processed_batch.rollout_logprobs - batch.rollout_logprobs).abs()[batch.response_mask]
+    assert gap.max() > 1e-2
+    with pytest.raises(RolloutError, match="logprobs_mode"):
+        EmbeddedEngine(model, EOS_TOKEN_ID, PAD_TOKEN_ID, max_context=32, logprobs_mode="raw_logprobs")
+
+
 def test_weight_update_changes_outputs_and_restore_brings_them_back(model):
     engine = EmbeddedEngine(model, EOS_TOKEN_ID, PAD_TOKEN_ID, max_context=32)
     params = SamplingParams(n=2, max_new_tokens=6, seed=1)

@@ -15,12 +15,15 @@ def test_cluster_recipe_serves_block_fp8_with_tp8():
     assert args == {
         "model": "/models/dsv4", "tokenizer": "/models/dsv4", "dtype": "bfloat16", "seed": 10086,
         "max_model_len": 16384, "max_num_seqs": 48, "max_num_batched_tokens": 8192, "enforce_eager": True,
-        "logprobs_mode": "processed_logprobs", "max_logprobs": 0, "enable_prefix_caching": False,
+        "logprobs_mode": "raw_logprobs", "max_logprobs": 0, "enable_prefix_caching": False,
         "enable_return_routed_experts": True,
         "worker_extension_cls": WORKER_EXTENSION, "tensor_parallel_size": 8, "quantization": "fp8_per_block",
         "kv_cache_dtype": "fp8_e4m3", "gpu_memory_utilization": 0.90,
     }
     assert CLUSTER_PINS["vllm"] == "0.25.1" and CLUSTER_PINS["rocm"] == "7.2"
+    # AMD's run took vLLM's default raw_logprobs (LumenRL sets none); the sampled distribution is one --set away
+    processed = load_recipe("amd-dsv4-flash-mi308x", ["rollout.logprobs_mode=processed"])
+    assert engine_args_from_recipe(processed, "/models/dsv4")["logprobs_mode"] == "processed_logprobs"
 
 
 def test_bf16_rollout_and_no_routing_replay():
