@@ -25,6 +25,7 @@ from matplotlib.ticker import PercentFormatter
 
 from repro.analysis import summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, THROUGHPUT, MetricsError, RunFrames
+from repro.metric_keys import position_buckets
 from repro.reference import amd_value
 
 RUN_COLOUR = "#1f4e79"
@@ -228,6 +229,41 @@ def plot_train_rollout_mismatch(sources: Sources) -> Figure:
         ax_ess.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax_ess.set(xlabel="optimizer step", ylabel="effective sample size")
         for ax in (ax_kl, ax_ess):
+            _legend(ax, sources, "best")
+    return fig
+
+
+def plot_mismatch_by_position(sources: Sources) -> Figure:
+    """Train-rollout mismatch by response position in LumenRL's buckets (0–127, 128–511, ... 2048–4095 tokens),
+    token-weighted over each source's whole run: k1 and k3 (top), mean |log π_rollout − log π_trainer| (bottom).
+    AMD published no per-position number, so nothing of AMD's is drawn; a source without the keys is named."""
+    sources = _as_list(sources)
+
+    def lacks_buckets(frames: RunFrames) -> str | None:
+        try:
+            summary.mismatch_by_position(frames)
+        except MetricsError:
+            return "rollout_corr/pos_* keys"
+        return None
+
+    with styled():
+        fig, (ax_kl, ax_abs) = _new_figure(nrows=2, sharex=True)
+        fig.set_size_inches(8.0, 6.0)
+        buckets = [f"{start}–{end - 1}" for start, end in position_buckets()]
+        widest = 0
+        for i, frames in _having(sources, fig, "mismatch by response position", lacks_buckets):
+            colour = _colours(sources)[i][0]
+            table = summary.mismatch_by_position(frames)
+            x = [buckets.index(bucket) for bucket in table.index]
+            widest = max(widest, max(x) + 1)
+            ax_kl.plot(x, table["kl"].to_numpy(), "o-", color=colour, label=f"{frames.label}: k1 (can be < 0)")
+            ax_kl.plot(x, table["k3_kl"].to_numpy(), "s--", color=colour, label=f"{frames.label}: k3 (≥ 0)")
+            ax_abs.plot(x, table["abs_diff"].to_numpy(), "o-", color=colour, label=f"{frames.label}: mean |Δ log p|")
+        ax_kl.axhline(0.0, color="#888888", lw=0.8)
+        ax_kl.set(ylabel="KL(rollout ‖ trainer)", title="Training–rollout mismatch by response position")
+        ax_abs.set_xticks(range(widest), buckets[:widest])
+        ax_abs.set(xlabel="token position in the response (LumenRL's buckets)", ylabel="|log π_rollout − log π_trainer|")
+        for ax in (ax_kl, ax_abs):
             _legend(ax, sources, "best")
     return fig
 

@@ -80,10 +80,14 @@ def test_every_arm_is_a_valid_recipe_that_changes_one_setting():
     for arm in ablations.ARMS:
         recipe = load_recipe("tiny-cpu", ablations.arm_overrides(arm, 1, 30, 10))
         changed[arm.name] = (recipe.routing_replay.enabled, recipe.rollout_correction.mode,
-                             recipe.rollout_correction.threshold)
-    assert changed == {"baseline": (True, "token", 2.0), "r3-off": (False, "token", 2.0),
-                       "tis-sequence": (True, "sequence", 2.0), "tis-off": (True, "none", 2.0),
-                       "cap-1.5": (True, "token", 1.5), "cap-5.0": (True, "token", 5.0)}
+                             recipe.rollout_correction.threshold, recipe.rollout.logprobs_mode,
+                             recipe.algorithm.clip_ratio_c)
+    amd = ("raw", None)  # AMD's conventions: vLLM's default raw log-probs, no dual-clip
+    assert changed == {"baseline": (True, "token", 2.0, *amd), "r3-off": (False, "token", 2.0, *amd),
+                       "tis-sequence": (True, "sequence", 2.0, *amd), "tis-off": (True, "none", 2.0, *amd),
+                       "cap-1.5": (True, "token", 1.5, *amd), "cap-5.0": (True, "token", 5.0, *amd),
+                       "processed-logprobs": (True, "token", 2.0, "processed", None),
+                       "dual-clip": (True, "token", 2.0, "raw", 3.0)}
     with pytest.raises(ValueError, match="unknown ablation arm 'r4'"):
         ablations.arm_by_name("r4")
 

@@ -178,6 +178,15 @@ def test_throughput_and_mismatch_records_equal_the_summary(chain):
     assert mm["k3"][label] == pytest.approx(frames.train["rollout_corr/k3_kl"].iloc[-1])
     assert mm["ess"][label] == pytest.approx(frames.train["rollout_corr/rollout_is_eff_sample_size"].iloc[-1])
     assert 0 < mm["ess"][label] <= 1 and (mm["amd_kl_step75"], mm["amd_ess_step75"]) == (0.4706, 0.791)
+    # LumenRL's per-position buckets, logged every step: the tiny task's answers (<= 16 tokens) fill only the first
+    by_position = summary.mismatch_by_position(frames)
+    assert list(by_position.index) == ["0–127"] and by_position.loc["0–127", "steps"] == STEPS
+    assert by_position.loc["0–127", "tokens"] == frames.train["perf/generated_tokens"].sum()
+    recorded = mm["mismatch_by_position"][label]["0–127"]
+    assert recorded == {k: pytest.approx(v) for k, v in by_position.loc["0–127"].to_dict().items()}
+    assert recorded["kl"] == pytest.approx(frames.train["rollout_corr/kl"].mul(
+        frames.train["perf/generated_tokens"]).sum() / frames.train["perf/generated_tokens"].sum())
+    assert sorted(Path(p).name for p in mm["position_figures"]) == ["mismatch_by_position.png", "mismatch_by_position.svg"]
 
 
 @pytest.mark.slow

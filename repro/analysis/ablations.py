@@ -1,4 +1,5 @@
-"""The ablations AMD did not publish: R3 on/off, TIS token/sequence/off, cap 2.0/1.5/5.0 -- run, summarised, and
+"""The ablations AMD did not publish: R3 on/off, TIS token/sequence/off, cap 2.0/1.5/5.0, the rollout's log-prob
+convention and dual-clip -- run, summarised, and
 compared with seed noise.
 
 Each arm is the tiny recipe with one change (``ARMS``), run for a shortened step count with several seeds into
@@ -32,12 +33,15 @@ class Arm:
 
 BASELINE = "baseline"
 ARMS = (
-    Arm(BASELINE, (), "the tiny recipe: R3 on, token TIS capped at 2.0 (AMD's settings)"),
+    Arm(BASELINE, (), "the tiny recipe: R3 on, token TIS capped at 2.0, raw rollout log-probs, no dual-clip (AMD's)"),
     Arm("r3-off", ("routing_replay.enabled=false",), "the trainer routes tokens itself"),
     Arm("tis-sequence", ("rollout_correction.mode=sequence",), "one weight per sequence, min(prod rho, 2.0)"),
     Arm("tis-off", ("rollout_correction.mode=none",), "no importance weights"),
     Arm("cap-1.5", ("rollout_correction.threshold=1.5",), "token TIS capped at 1.5"),
     Arm("cap-5.0", ("rollout_correction.threshold=5.0",), "token TIS capped at 5.0"),
+    Arm("processed-logprobs", ("rollout.logprobs_mode=processed",),
+        "the rollout reports log_softmax(z / T), the distribution it sampled (vLLM processed_logprobs)"),
+    Arm("dual-clip", ("algorithm.clip_ratio_c=3.0",), "verl's dual-clip: negative-advantage losses capped at 3|A|"),
 )
 ARM_NAMES = tuple(arm.name for arm in ARMS)
 

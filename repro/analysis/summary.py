@@ -13,7 +13,7 @@ import pandas as pd
 
 from repro.analysis.frame import (ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM,
                                   STEP_SECONDS, MetricsError, RunFrames)
-from repro.metric_keys import CHI2_SEQ, CHI2_TOKEN, IS_FRACTION_HIGH
+from repro.metric_keys import CHI2_SEQ, CHI2_TOKEN, IS_FRACTION_HIGH, position_buckets, position_key
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -224,3 +224,31 @@ def mismatch_summary(frames: RunFrames) -> pd.DataFrame:
                          "last": float(values.iloc[-1])}
     return pd.DataFrame.from_dict(rows, orient="index",
                                   columns=["estimates", "quantity", "mean", "min", "max", "last_step", "last"])
+
+
+def mismatch_by_position(frames: RunFrames, first_step: int | None = None,
+                         last_step: int | None = None) -> pd.DataFrame:
+    """LumenRL's per-position mismatch buckets (``rollout_corr/pos_*``) over a span of steps: one row per bucket
+    that has tokens (index: "start–end"), with the steps and tokens it holds and the token-weighted means of k1
+    (``kl``), k3 (``k3_kl``) and |Δ| (``abs_diff``) over those steps -- each step's bucket mean weighted by its
+    token count, so the figure equals the mean over every token of the span. Raises MetricsError when the source
+    logs no bucket (LumenRL before 2232f55, verl, or a repro run made before the buckets were logged)."""
+    train = frames.train.loc[first_step:last_step]
+    rows = {}
+    for start, end in position_buckets():
+        tokens_key = position_key(start, end, "tokens")
+        if tokens_key not in train.columns:
+            continue
+        tokens = train[tokens_key].fillna(0.0)
+        if float(tokens.sum()) == 0:
+            continue
+        row = {"steps": int((tokens > 0).sum()), "tokens": float(tokens.sum())}
+        for stat in ("kl", "k3_kl", "abs_diff"):
+            values = train.get(position_key(start, end, stat))
+            row[stat] = float((values.fillna(0.0) * tokens).sum() / tokens.sum()) if values is not None else np.nan
+        rows[f"{start}–{end - 1}"] = row
+    if not rows:
+        raise MetricsError(f"{frames.label}: no rollout_corr/pos_* keys (LumenRL logs them since 2232f55)")
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=["steps", "tokens", "kl", "k3_kl", "abs_diff"])
+    table.index.name = "response position"
+    return table

@@ -28,7 +28,7 @@ from repro.notebooks import NOTEBOOKS_DIR, load_results
 NOTEBOOKS = ("00_cluster_check", "10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd")
 # the cells whose outputs must hold an HTML table, and those that must show a rendered figure (<img>/<svg>)
 SHOWN = {"00_cluster_check": ({2}, set()), "10_reward_by_phase": ({3}, {6}), "11_aime": ({3}, {6}),
-         "12_throughput": ({3, 4, 5}, {7}), "13_kl_ess": ({3, 4}, {6}), "20_compare_to_amd": ({4, 6}, set())}
+         "12_throughput": ({3, 4, 5}, {7}), "13_kl_ess": ({3, 4, 8}, {6, 8}), "20_compare_to_amd": ({4, 6}, set())}
 
 
 def typed(path: Path) -> str:
@@ -135,6 +135,12 @@ def check_kl_ess(record: dict, run: Path) -> None:
     assert record["ess"][label] == pytest.approx(last["rollout_corr/rollout_is_eff_sample_size"])
     assert (record["amd_kl_step75"], record["amd_ess_step75"]) == (0.4706, 0.791)
     assert_figures(record, run, "train_rollout_mismatch")
+    tokens = frames.train["perf/generated_tokens"]
+    assert record["mismatch_by_position"][label]["0–127"]["tokens"] == tokens.sum()  # answers fill the first bucket
+    assert record["mismatch_by_position"][label]["0–127"]["kl"] == pytest.approx(
+        (frames.train["rollout_corr/kl"] * tokens).sum() / tokens.sum())
+    assert sorted(Path(p).name for p in record["position_figures"]) == [
+        "mismatch_by_position.png", "mismatch_by_position.svg"]
 
 
 def check_compare(record: dict, run: Path) -> None:
@@ -187,6 +193,6 @@ def test_a_wrong_run_path_names_the_notebook_and_cell_and_keeps_the_screenshot(p
     message = str(failure.value)
     assert message.startswith("notebook 13_kl_ess: cell 2 ('import pandas as pd') shows an error:")
     assert "MetricsError" in message and "no-such-run" in message
-    assert "notebook 13_kl_ess: cells 3, 4, 6, 7 did not run after it" in message
+    assert "notebook 13_kl_ess: cells 3, 4, 6, 8, 9 did not run after it" in message
     assert f"screenshot: {screenshots / '13_kl_ess.png'}" in message
     assert (screenshots / "13_kl_ess.png").stat().st_size > 10_000
