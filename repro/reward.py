@@ -28,6 +28,7 @@ from repro.errors import ReproError
 RESPONSE_TAIL_CHARS = 300  # verl: "The longest answer in MATH-500 has 159 characters"
 INVALID_PREDICTION = "[INVALID]"
 ANSWER_LINE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
+BOXED_OPEN = "\\boxed{"
 
 # Minerva rules, applied in this order with plain substring replacement (order matters: "\\$" must be gone
 # before spaces are, and "\\text{m}" becomes "\\text{}" before the removals delete "\\text{}").
@@ -149,13 +150,30 @@ def _as_text(value: object, what: str) -> str:
     raise ReproError(f"reward: {what} must be a string, got {type(value).__name__}")
 
 
-def extract_answer(response: object) -> str | None:
-    """The raw text after the last ``Answer:`` in the response's last 300 characters, or None."""
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text``, its braces balanced, or None (no ``\\boxed{`` or one
+    that never closes). The fallback LumenRL's reward added in 2232f55 (``lumenrl/rewards/math_reward.py``)."""
+    start = text.rfind(BOXED_OPEN)
+    if start < 0:
+        return None
+    depth = 0
+    for index in range(start + len(BOXED_OPEN) - 1, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[start + len(BOXED_OPEN):index]
+    return None
+
+
+def extract_answer(response: object, boxed_fallback: bool = False) -> str | None:
+    """The raw text after the last ``Answer:`` in the response's last 300 characters; without one, with
+    ``boxed_fallback``, the content of the last ``\\boxed{...}`` there; else None."""
     tail = _as_text(response, "response")[-RESPONSE_TAIL_CHARS:]
     last = None
     for last in ANSWER_LINE.finditer(tail):
         pass
-    return None if last is None else last.group(1)
+    if last is not None:
+        return last.group(1)
+    return last_boxed(tail) if boxed_fallback else None
 
 
 def _math_verify_agrees(raw_answer: str, ground_truth: str) -> bool:
@@ -171,8 +189,11 @@ def _math_verify_agrees(raw_answer: str, ground_truth: str) -> bool:
     return bool(math_verify.verify(gold, guess))
 
 
-def score_response(response: object, ground_truth: object, verifier: str = "dapo") -> RewardResult:
-    """Score one response against its ground truth with the DAPO rule (or math-verify, opt-in).
+def score_response(response: object, ground_truth: object, verifier: str = "dapo",
+                   boxed_fallback: bool = False) -> RewardResult:
+    """Score one response against its ground truth with the DAPO rule (or math-verify, opt-in). With
+    ``boxed_fallback`` a response without an ``Answer:`` line is scored on its last ``\\boxed{...}``, as LumenRL's
+    reward does since 2232f55 (the recipe's ``reward.boxed_fallback``; verl's ``math_dapo`` has no fallback).
 
     ``verifier="math_verify"`` keeps the same bounded ``Answer:`` extraction but replaces the string
     comparison with math-verify's symbolic check (its own LaTeX parser and timeouts, no Python eval), as
@@ -181,7 +202,7 @@ def score_response(response: object, ground_truth: object, verifier: str = "dapo
     if verifier not in VERIFIERS:
         raise ReproError(f"reward: unknown verifier {verifier!r}; expected one of {VERIFIERS}")
     truth = _as_text(ground_truth, "ground_truth")
-    raw_answer = extract_answer(response)
+    raw_answer = extract_answer(response, boxed_fallback)
     if raw_answer is None:
         if verifier == "math_verify":
             _math_verify_agrees("", truth)  # surface the missing-package error whatever the response

@@ -321,3 +321,18 @@ def test_loop_equivalence(seed):
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(
         1 / statistics.mean((w / (mean_t + 1e-8)) ** 2 for w in truncated), abs=1e-9
     )
+
+
+def test_grpo_population_std_is_lumenrls():
+    """LumenRL's GRPO (AMD's run): (r - mean) / max(population std, 1e-8). Group [1, -1, -1, -1]: mean -0.5,
+    population std sqrt(3)/2, so 1.5 / (sqrt(3)/2) = sqrt(3) and -0.5 / (sqrt(3)/2) = -1/sqrt(3); verl's sample std
+    (sqrt(1) = 1 over n - 1 = 3) gives 1.5/(1 + 1e-6) and -0.5/(1 + 1e-6)."""
+    scores = t([[1.0, -1.0, -1.0, -1.0], [1.0, 1.0, 1.0, 1.0]])
+    population = grpo_advantages(scores, std="population").advantages
+    assert population[0].tolist() == pytest.approx([math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3),
+                                                    -1 / math.sqrt(3)], abs=1e-12)
+    assert population[1].tolist() == [0.0] * 4  # a zero-variance group: 0 / 1e-8
+    sample = grpo_advantages(scores, std="sample").advantages
+    assert sample[0].tolist() == pytest.approx([1.5 / (1 + 1e-6)] + [-0.5 / (1 + 1e-6)] * 3, abs=1e-12)
+    with pytest.raises(AlgoShapeError, match="std must be"):
+        grpo_advantages(scores, std="unbiased")

@@ -52,8 +52,9 @@ def uninterrupted(tmp_path_factory):
 
 def test_uninterrupted_run_logs_every_step_and_eval(uninterrupted):
     rows = uninterrupted.metrics.rows()
+    # eval at 0 (tiny-cpu's at_start), after step 1 (LumenRL's EvalCallback, as AMD's run), then every 2 steps
     assert [(r["kind"], r["step"]) for r in rows] == [
-        ("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4), ("eval", 4)]
+        ("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4), ("eval", 4)]
     train_row = rows[1]
     for key in ("reward/accuracy", "critic/score/mean", "rollout_corr/kl", "rollout_corr/k3_kl",
                 "rollout_corr/rollout_is_eff_sample_size", "actor/loss", "actor/grad_norm", "actor/entropy",
@@ -112,4 +113,5 @@ def test_sigkill_mid_run_then_resume_loses_and_repeats_no_step(tmp_path):
     done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [(r["kind"], r["step"]) for r in log.rows()]
-    assert steps == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4), ("eval", 4)]
+    assert steps == [("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4),
+                     ("eval", 4)]

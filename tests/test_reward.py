@@ -16,6 +16,7 @@ from repro.reward import (
     RewardResult,
     accuracy,
     extract_answer,
+    last_boxed,
     mean_score,
     normalize_final_answer,
     score_batch,
@@ -200,3 +201,23 @@ def test_speed_on_10000_responses():
     print(f"\nreward: 10000 responses in {elapsed:.3f} s = {10_000 / elapsed:,.0f} responses/s")
     assert accuracy(results) == 0.5
     assert elapsed < 10.0
+
+
+# ---------------------------------------------------------------- LumenRL's \boxed{} fallback (2232f55)
+
+@pytest.mark.parametrize("response, truth, fallback, expected", [
+    (r"so the sum is \boxed{42}", "42", True, (1.0, True, "42")),            # no Answer: line -> the box counts
+    (r"so the sum is \boxed{42}", "42", False, (-1.0, False, "[INVALID]")),  # verl's math_dapo: no fallback
+    (r"first \boxed{7}, then \boxed{\frac{1}{2}}", r"\frac{1}{2}", True, (1.0, True, r"\frac{1}{2}")),  # the last
+    ("Answer: 41\nbut \\boxed{42}", "42", True, (-1.0, False, "41")),          # an Answer: line wins over any box
+    (r"unclosed \boxed{42", "42", True, (-1.0, False, "[INVALID]")),           # braces never balance: no answer
+    (r"\boxed{5}" + "x" * 300, "5", True, (-1.0, False, "[INVALID]")),        # outside the 300-character tail
+])
+def test_boxed_fallback_scores_the_last_balanced_box(response, truth, fallback, expected):
+    result = score_response(response, truth, "dapo", boxed_fallback=fallback)
+    assert (result.score, result.acc, result.pred) == expected
+
+
+def test_last_boxed_balances_nested_braces():
+    assert last_boxed(r"\boxed{\sqrt{\frac{a}{b}}} tail") == r"\sqrt{\frac{a}{b}}"
+    assert last_boxed("no box here") is None and last_boxed(r"\boxed{{}") is None

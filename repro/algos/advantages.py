@@ -5,20 +5,27 @@ each of the G responses to one prompt gets advantage (r_i - mean(r)) / (std(r) +
 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783) drops the std division because it
 up-weights prompts that are nearly always right or nearly always wrong.
 
-Definitional choices (all follow verl's ``compute_grpo_outcome_advantage``):
-  * std is the *unbiased* sample std (``torch.std``, divisor n - 1);
-  * eps = 1e-6 is added to the std, not to the variance;
-  * a group with a single response gets mean 0 and std 1, so its advantage is r / (1 + eps). verl does this to
-    avoid the NaN of an unbiased std over one sample; the recipe (G = 16) never produces such groups.
+Two conventions for the std, both in use (``std=``):
+  * ``"population"`` -- LumenRL's GRPO (``lumenrl/algorithms/advantage_estimators.py``, AMD's run): the population
+    std (divisor n), clamped below at 1e-8: (r - mean) / max(std, 1e-8);
+  * ``"sample"`` -- verl's ``compute_grpo_outcome_advantage``: the unbiased std (``torch.std``, divisor n - 1),
+    with eps = 1e-6 added to it: (r - mean) / (std + eps). For G = 8 and +-1 rewards its advantages are
+    sqrt(7/8) = 0.935 times the population ones.
+A group with a single response gets mean 0 and std 1 (verl's rule, so its advantage is r / (1 + eps) under
+``sample``, r under ``population``); the recipe (G = 8) never produces such groups.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from repro.algos.shapes import AlgoShapeError, as_float_mask, require_rank
+
+
+POPULATION_STD_FLOOR = 1e-8  # LumenRL's clamp_min on the population std
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ def grpo_advantages(
     group_ids: torch.Tensor | None = None,
     *,
     norm_by_std: bool = True,
+    std: Literal["population", "sample"] = "sample",
     eps: float = 1e-6,
 ) -> GroupAdvantages:
     """Per-sequence GRPO advantage.
@@ -45,8 +53,10 @@ def grpo_advantages(
         scores: [P, G] (row p holds prompt p's G responses) or [B] with ``group_ids``.
         group_ids: [B] integer group id per response; required for 1-D scores, forbidden for 2-D scores.
             Ids need not be contiguous or sorted.
-        norm_by_std: True = GRPO, (r - mean) / (std + eps); False = Dr.GRPO, r - mean.
-        eps: added to the group std.
+        norm_by_std: True = GRPO, (r - mean) / std'; False = Dr.GRPO, r - mean.
+        std: ``"population"`` (LumenRL: std' = max(population std, 1e-8)) or ``"sample"`` (verl: std' = unbiased
+            std + eps); see the module docstring.
+        eps: added to the group std under ``"sample"``.
 
     Returns:
         GroupAdvantages with ``advantages`` shaped like ``scores`` (float, no grad).
@@ -56,7 +66,7 @@ def grpo_advantages(
             raise AlgoShapeError(f"group_ids must be None when scores is [P, G], got scores {tuple(scores.shape)}")
         num_prompts, group_size = scores.shape
         flat_ids = torch.arange(num_prompts, device=scores.device).repeat_interleave(group_size)
-        result = grpo_advantages(scores.reshape(-1), flat_ids, norm_by_std=norm_by_std, eps=eps)
+        result = grpo_advantages(scores.reshape(-1), flat_ids, norm_by_std=norm_by_std, std=std, eps=eps)
         return GroupAdvantages(
             result.advantages.reshape(num_prompts, group_size),
             result.num_zero_variance_groups,
@@ -80,13 +90,17 @@ def grpo_advantages(
         centred = values - means[inverse]
         sq = torch.zeros_like(counts).index_add_(0, inverse, centred.square())
         singleton = counts == 1
-        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
+        if std not in ("population", "sample"):
+            raise AlgoShapeError(f"std must be 'population' or 'sample', got {std!r}")
+        divisor = counts if std == "population" else (counts - 1).clamp(min=1)
+        group_std = torch.sqrt(sq / divisor)
         # verl's convention for one-response groups: no baseline, unit scale.
         means = torch.where(singleton, torch.zeros_like(means), means)
-        std = torch.where(singleton, torch.ones_like(std), std)
+        group_std = torch.where(singleton, torch.ones_like(group_std), group_std)
+        scale = group_std.clamp(min=POPULATION_STD_FLOOR) if std == "population" else group_std + eps
         advantages = values - means[inverse]
         if norm_by_std:
-            advantages = advantages / (std[inverse] + eps)
+            advantages = advantages / scale[inverse]
         num_zero_var = int(((~singleton) & (sq == 0)).sum().item())
     return GroupAdvantages(advantages.to(scores.dtype if scores.is_floating_point() else torch.float32),
                            num_zero_var, num_groups)

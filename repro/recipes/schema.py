@@ -95,7 +95,8 @@ class RolloutConfig(Section):
     fp8_format: Literal["auto", "e4m3fn", "e4m3fnuz"] = Field("auto", description="FP8 encoding; 'auto' picks e4m3fnuz on gfx942 (MI300/MI308X), e4m3fn elsewhere.")
     fp8_block: list[int] = Field([128, 128], min_length=2, max_length=2, description="Quantisation block (rows, cols) with one fp32 scale each.")
     fp8_scale: Literal["fp32", "ue8m0"] = Field("fp32", description="Block scale encoding: plain fp32, or power-of-two as DeepSeek's own V4 checkpoints.")
-    gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="Fraction of GPU memory vLLM may take (AMD post: 0.90; LumenRL file: 0.92).")
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Fraction of GPU memory vLLM may take (LumenRL's file at 2232f55, what ran: 0.92; the post says 0.90).")
+    disable_custom_all_reduce: bool = Field(True, description="vLLM's disable_custom_all_reduce: TP all-reduce through RCCL/NCCL instead of vLLM's custom kernel (LumenRL's file: true).")
     kv_cache_dtype: Literal["fp8_e4m3", "auto"] = Field("fp8_e4m3", description="KV-cache dtype (DSV4's attention layout in vLLM needs FP8: fp8_ds_mla, e4m3 NoPE in 64-channel blocks with power-of-two scales, BF16 RoPE; the embedded engine emulates it).")
     max_num_seqs: int = Field(48, ge=1, description="Sequences decoded concurrently per replica.")
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (chunked prefill).")
@@ -119,7 +120,7 @@ class DatasetConfig(Section):
     path: str | None = Field(None, description="Local file (parquet or jsonl); required for dapo_math and aime_2024.")
     template: Literal["dapo", "tiny"] = Field("dapo", description="Prompt template: DAPO's 'Answer:' instruction, or the tiny task's 'a+b='.")
     on_malformed: Literal["skip", "fail"] = Field("skip", description="A malformed row is skipped and counted, or stops the load naming the row.")
-    dedupe: bool = Field(True, description="Drop repeated problems (DAPO-Math-17K repeats each ~100 times).")
+    dedupe: bool = Field(False, description="Drop repeated problems. AMD's run did not: LumenRL samples every row of the file, and DAPO-Math-17K repeats each problem ~100 times, so a problem's chance is its share of rows (the tiny sets hold no repeats).")
     digits: int = Field(2, ge=1, le=3, description="Operand width of tiny-math problems (the difficulty knob).")
 
     @model_validator(mode="after")
@@ -138,6 +139,7 @@ class AlgorithmConfig(Section):
     prompts_per_step: int = Field(32, ge=1, description="Prompts sampled per optimizer step.")
     responses_per_prompt: int = Field(8, ge=2, description="Responses per prompt: the GRPO group size.")
     norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO); false gives Dr.GRPO.")
+    adv_std: Literal["population", "sample"] = Field("population", description="The group std GRPO divides by: population = the population std clamped below at 1e-8, as LumenRL's GRPO (AMD's run); sample = verl's unbiased std + 1e-6 (0.935x the advantages at G = 8).")
     clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon below 1.")
     clip_ratio_high: float = Field(0.28, gt=0, description="PPO clip epsilon above 1 (DAPO clip-higher).")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field("seq-mean-token-mean", description="How per-token losses become one number.")
@@ -162,11 +164,13 @@ class RoutingReplayConfig(Section):
 class RewardConfig(Section):
     kind: Literal["dapo_math"] = Field("dapo_math", description="Reward rule (verl math_dapo: 'Answer:' line, +1/-1).")
     verifier: Literal["dapo", "math_verify"] = Field("dapo", description="Answer checker; math_verify is stricter and optional.")
+    boxed_fallback: bool = Field(True, description="A response with no 'Answer:' line is scored on its last \\boxed{...}, as LumenRL's reward does since 2232f55 (AMD's run); false: verl's math_dapo rule, which scores it -1.")
 
 
 class EvalConfig(Section):
-    every_steps: int = Field(25, ge=1, description="Evaluate after every this many steps (and at step 0).")
-    at_start: bool = Field(True, description="Evaluate before the first update.")
+    every_steps: int = Field(5, ge=1, description="Evaluate after every this many steps, and after the last (AMD: LumenRL's val_steps 5; the post gives no interval, only AIME at the start and the end).")
+    at_start: bool = Field(False, description="Evaluate before the first update (step 0); LumenRL's trainer never does.")
+    after_first_update: bool = Field(True, description="Evaluate after the first update (step 1), as LumenRL's EvalCallback does when eval.enabled (AMD's run: its interval of 1,000 fires once, at step 1), so AMD's 'start' AIME figure is step 1's.")
     samples_per_problem: int = Field(8, ge=1, description="Generations per problem; accuracy is avg@k over them.")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature for evaluation.")
     top_p: float = Field(0.7, gt=0, le=1, description="Nucleus sampling for evaluation.")

@@ -102,6 +102,7 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         "max_num_seqs": r.max_num_seqs,
         "max_num_batched_tokens": r.max_num_batched_tokens,
         "enforce_eager": r.enforce_eager,
+        "disable_custom_all_reduce": r.disable_custom_all_reduce,
         "logprobs_mode": LOGPROBS_MODES[r.logprobs_mode],  # raw (AMD's) or processed: see the module docstring
         "max_logprobs": 0,                        # only the sampled token's log-prob is ever asked for
         "enable_prefix_caching": not recipe.routing_replay.enabled,  # R3: as LumenRL, see the module docstring

@@ -15,6 +15,7 @@ import torch
 from repro import metric_keys as K
 from repro.algos import grpo_advantages, rollout_corr_metrics
 from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.recipes.schema import Recipe
 from repro.reward import RewardResult, accuracy, mean_score, score_response
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams
 from repro.run.checkpoints import driver_rng_state, save_checkpoint
@@ -56,9 +57,10 @@ def generate_rollouts(run: Run, problems: list[int], step: int) -> RolloutResult
 
 
 def score_texts(run: Run, rollout: RolloutResult, ground_truths: list[str]) -> list[RewardResult]:
-    verifier = run.recipe.reward.verifier
+    rule = run.recipe.reward
     return [
-        score_response(run.tokenizer.decode(t.response_ids, skip_special_tokens=True), ground_truths[t.prompt_index], verifier)
+        score_response(run.tokenizer.decode(t.response_ids, skip_special_tokens=True), ground_truths[t.prompt_index],
+                       rule.verifier, rule.boxed_fallback)
         for t in rollout.trajectories
     ]
 
@@ -79,7 +81,8 @@ def make_train_batch(run: Run, rollout: RolloutResult, rewards: list[RewardResul
     """GRPO advantages over each prompt's group, then the padded batch (routing kept for R3)."""
     group = run.recipe.algorithm.responses_per_prompt
     scores = torch.tensor([r.score for r in rewards], dtype=torch.float32).view(-1, group)
-    grouped = grpo_advantages(scores, norm_by_std=run.recipe.algorithm.norm_adv_by_std)
+    algorithm = run.recipe.algorithm
+    grouped = grpo_advantages(scores, norm_by_std=algorithm.norm_adv_by_std, std=algorithm.adv_std)
     batch = build_batch(rollout.trajectories, grouped.advantages.reshape(-1), run.tokenizer.pad_token_id,
                         run.recipe.routing_replay.enabled)
     return GroupedBatch(batch, grouped.num_zero_variance_groups)
@@ -159,6 +162,13 @@ def warmup_once(run: Run) -> dict[str, float]:
         return {}
     seconds, run.warmup_s = run.warmup_s, None
     return {K.WARMUP_SECONDS: seconds}
+
+
+def evaluates_after(recipe: Recipe, step: int) -> bool:
+    """Whether the held-out set is evaluated after update ``step``: every ``eval.every_steps``, after the last
+    step, and after the first when ``eval.after_first_update`` (LumenRL's EvalCallback, which AMD's run had)."""
+    e = recipe.eval
+    return step % e.every_steps == 0 or step == recipe.steps or (step == 1 and e.after_first_update)
 
 
 def evaluate_and_log(run: Run, step: int) -> dict:
