@@ -18,16 +18,34 @@ import argparse
 import pandas as pd
 
 from repro.analysis import load_run
-from repro.analysis.summary import eval_table, phase_means
-from repro.analysis.frame import ACCURACY, ESS, K3_KL
+from repro.analysis.summary import eval_table, mismatch_by_position, phase_means
+from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, MetricsError
+from repro.metric_keys import IS_FRACTION_HIGH
+
+VERL_ESS = "rollout_corr_verl/rollout_is_eff_sample_size"
 
 
 def summary(run_dir: str) -> dict:
     frames = load_run(run_dir)
+    train = frames.train
     row = {f"phase{int(p)}": 100 * float(v) for p, v in phase_means(frames.require(ACCURACY), 25)["mean"].items()}
-    row.update({f"avg@8 step {int(step)}": 100 * float(avg) for step, avg in eval_table(frames)["avg"].items()})
-    row.update({"k3 KL": float(frames.train[K3_KL].mean()), "ESS %": 100 * float(frames.train[ESS].mean()),
-                "step s (median)": float(frames.train["timing_s/step"].median())})
+    evals = eval_table(frames)
+    row.update({f"avg@8 step {int(step)}": 100 * float(avg) for step, avg in evals["avg"].items()})
+    last = evals.index.max()
+    row.update({"avg@8 last, band low": 100 * float(evals.loc[last, "low"]),
+                "avg@8 last, band high": 100 * float(evals.loc[last, "high"])})
+    row.update({"k1 KL": float(train[KL].mean()), "k3 KL": float(train[K3_KL].mean()), "ESS %": 100 * float(train[ESS].mean()),
+                "above cap %": 100 * float(train[IS_FRACTION_HIGH].mean()),
+                "step s (median)": float(train["timing_s/step"].median())})
+    if VERL_ESS in train:  # a run with rollout_correction.verl_metrics: verl's ESS beside LumenRL's
+        row["ESS % (verl's)"] = 100 * float(train[VERL_ESS].mean())
+    try:
+        by_position = mismatch_by_position(frames)
+    except MetricsError:  # a run made before the position buckets were logged
+        return row
+    for bucket, values in by_position.iterrows():
+        row.update({f"pos {bucket} k1": values["kl"], f"pos {bucket} k3": values["k3_kl"],
+                    f"pos {bucket} |d|": values["abs_diff"]})
     return row
 
 
