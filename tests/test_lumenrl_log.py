@@ -159,3 +159,13 @@ def test_the_synthetic_75_step_sample_reads_as_a_lumenrl_run_with_every_position
     kl = [frames.train[position_key(s, e, "kl")] * frames.train[position_key(s, e, "tokens")] for s, e in BUCKETS]
     tokens = sum(frames.train[position_key(s, e, "tokens")] for s, e in BUCKETS)
     np.testing.assert_allclose(sum(kl) / tokens, frames.train["rollout_corr/kl"], rtol=1e-5)
+
+
+def test_a_panel_export_of_a_position_bucket_reads_under_lumenrls_key(tmp_path):
+    """A W&B chart export names the column '<run> - <key>'; LumenRL's train/ mirror of the key reads as the key."""
+    key = position_key(512, 1024, "kl")
+    panel = tmp_path / "panel.csv"
+    panel.write_text(f"train/global_step,dsv4 - train/{key},dsv4 - train/{key}__MIN,dsv4 - train/{key}__MAX\n"
+                     "1,0.0114796,0.0114796,0.0114796\n2,0.0123,0.0123,0.0123\n")
+    frames = read_wandb_csv(panel)
+    assert frames.train[key].tolist() == [0.0114796, 0.0123] and frames.train.index.tolist() == [1, 2]
