@@ -70,11 +70,12 @@ def test_one_evaluation_is_a_start_or_an_end_never_both(tmp_path):
     assert table.loc["held-out avg@k, start", "step"] == 0
     end = table.loc["held-out avg@k, end"]
     assert math.isnan(end["run"]) and end["note"] == "one evaluation only: no evaluation after step 0"
-    assert "Evaluated at step 0; AMD publishes step 0 and step 75 only." in source_notes(frames)
+    assert "Evaluated at step 0; AMD publishes step 1 and step 75 only." in source_notes(frames)
     lumenrl = load_sources(str(DATA / "lumenrl" / "train.log"))[0]
     lumenrl.eval = lumenrl.eval.loc[[5]]
     table = compare_to_amd(lumenrl).set_index("metric")
-    assert table.loc["held-out avg@k, start", "note"] == "one evaluation only: no evaluation before the first update"
+    assert table.loc["held-out avg@k, start", "note"] == ("one evaluation only: none by step 1, AMD's start (the "
+                                                           "evaluation after the first update)")
     assert table.loc["held-out avg@k, end", "step"] == 5
 
 
@@ -95,12 +96,15 @@ def test_three_sources_side_by_side_name_what_each_lacks(three):
 
 def test_notes_say_where_a_source_is_not_amds_quantity(three):
     short, lumenrl, panels = (source_notes(f) for f in three)
-    assert "Evaluated at steps 0, 25; AMD publishes step 0 and step 75 only." in short
+    assert "Evaluated at steps 0, 25; AMD publishes step 1 and step 75 only." in short
     assert any(n.startswith("`perf/rollout_tokens_per_s` is generated tokens/s of this CPU run") for n in short)
     assert lumenrl[:2] == ["12 steps logged, fewer than AMD's 75: \"end\" values are step 12's, and the 25-step phases "
                            "after step 12 are partial or empty.",
-                           "Evaluated at steps 5, 10; AMD publishes step 0 and step 75 only."]
-    assert "No evaluation before the first update: \"start\" is step 5, after 5 updates, not AMD's step 0." in lumenrl
+                           "Evaluated at steps 5, 10; AMD publishes step 1 and step 75 only."]
+    assert ("\"start\" is step 5, after 5 updates; AMD's is the evaluation after the first update (step 1: LumenRL "
+            "never evaluates before it).") in lumenrl
+    assert ("\"start\" is step 0, before any update; AMD's is the evaluation after the first update (step 1: "
+            "LumenRL never evaluates before it).") in short
     assert "No per-problem correct counts: held-out accuracy has no bootstrap band." in lumenrl
     assert any("LumenRL's `throughput/gen_tok_per_s`" in n and "no per-GPU figure" in n for n in lumenrl)
     assert any(n.startswith("LumenRL's `mismatch/k3_kl`, `mismatch/chi2_token` are computed on π_rollout/π_trainer")

@@ -1,8 +1,9 @@
 """Where a source's numbers are not AMD's quantity: one sentence per difference, read off the frames.
 
-AMD's published numbers: reward accuracy per 25-step phase of a 75-step run; AIME-2024 avg@8 (30 problems) at step 0
-and step 75; rollout throughput as generated tokens/s of the whole 8-GPU rollout node; KL and ESS at step 75 (the
-post does not say which KL estimator). Each function returns the sentences for one source; ``source_notes`` all.
+AMD's published numbers: reward accuracy per 25-step phase of a 75-step run; AIME-2024 avg@8 (30 problems) at the
+start and at step 75 (the start is the evaluation after step 1: LumenRL never evaluates before the first update, see
+repro/reference); rollout throughput as generated tokens/s of the whole 8-GPU rollout node; KL and ESS at step 75
+(the post does not say which KL estimator). Each function returns the sentences for one source; ``source_notes`` all.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 from repro.analysis import formats, summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, THROUGHPUT, RunFrames
 from repro.metric_keys import timing_key
-from repro.reference import amd_value
+from repro.reference import amd_reference, amd_value
 
 AMD_STEPS = int(amd_value("steps"))
-AMD_EVAL_STEPS = (0, AMD_STEPS)
+AMD_START_STEP = int(amd_reference()["aime_avg8_start"].step)
+AMD_EVAL_STEPS = (AMD_START_STEP, int(amd_reference()["aime_avg8_end"].step))
 LUMENRL_RECIPROCAL_KEYS = ("mismatch/k3_kl", "mismatch/chi2_token", "mismatch/chi2_seq")
 
 KL_ESTIMATORS = (f"`{KL}` is the k1 estimator, the mean of log π_rollout − log π_trainer over response tokens: "
@@ -91,11 +93,12 @@ def eval_notes(frames: RunFrames) -> list[str]:
     steps = [int(s) for s in frames.eval[key].dropna().index]
     notes = []
     if tuple(steps) != AMD_EVAL_STEPS:
-        notes.append(f"Evaluated at step{'s' if len(steps) > 1 else ''} {_steps(steps)}; AMD publishes step 0 and "
-                     f"step {AMD_STEPS} only.")
-    if steps and steps[0] != 0:
-        notes.append(f"No evaluation before the first update: \"start\" is step {steps[0]}, after {steps[0]} updates, "
-                     "not AMD's step 0.")
+        notes.append(f"Evaluated at step{'s' if len(steps) > 1 else ''} {_steps(steps)}; AMD publishes step "
+                     f"{AMD_EVAL_STEPS[0]} and step {AMD_EVAL_STEPS[1]} only.")
+    if steps and steps[0] != AMD_START_STEP:
+        after = "before any update" if steps[0] == 0 else f"after {steps[0]} updates"
+        notes.append(f"\"start\" is step {steps[0]}, {after}; AMD's is the evaluation after the first update "
+                     f"(step {AMD_START_STEP}: LumenRL never evaluates before it).")
     k = int(key.split("@")[1])
     if k != int(amd_value("aime_samples_per_problem")):
         notes.append(f"{key}: {k} samples per problem, AMD's avg@8 uses 8.")

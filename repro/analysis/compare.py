@@ -25,6 +25,7 @@ import math
 import pandas as pd
 
 from repro.analysis import summary
+from repro.analysis.caveats import AMD_EVAL_STEPS
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, THROUGHPUT, RunFrames
 from repro.metric_keys import EVAL_AVG_PREFIX
 from repro.reference import amd_value
@@ -86,12 +87,13 @@ def _heldout_rows(frames: RunFrames) -> list[dict]:
         return [_row(n, "fraction", key, a, note=lacks(key)) for n, a in zip(names, amd)]
     rows = []
     steps = (int(table.index[0]), int(table.index[-1]))
-    if len(table) == 1:  # one evaluation is a start (step 0) or an end, never both
+    if len(table) == 1:  # one evaluation is a start (by AMD's start step) or an end, never both
         only = steps[0]
-        steps = (only, None) if only == 0 else (None, only)
-    for name, amd_avg, step, amd_step in zip(names, amd, steps, (0, AMD_STEPS)):
+        steps = (only, None) if only <= AMD_EVAL_STEPS[0] else (None, only)
+    for name, amd_avg, step, amd_step in zip(names, amd, steps, AMD_EVAL_STEPS):
         if step is None:
-            why = "no evaluation after step 0" if amd_step == AMD_STEPS else "no evaluation before the first update"
+            why = (f"no evaluation after step {steps[0]}" if amd_step == AMD_EVAL_STEPS[1]
+                   else f"none by step {AMD_EVAL_STEPS[0]}, AMD's start (the evaluation after the first update)")
             rows.append(_row(name, "fraction", key, amd_avg, note=f"one evaluation only: {why}"))
             continue
         e = table.loc[step]
