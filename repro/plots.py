@@ -31,7 +31,7 @@ RUN_COLOUR = "#1f4e79"
 RUN_SUMMARY_COLOUR = "#2e8b57"
 AMD_COLOUR = "#ed1c24"  # AMD's brand red: everything AMD published is drawn in it, and no source is
 SOURCE_COLOURS = ("#1f4e79", "#2e8b57", "#7b3f99", "#d98c00", "#008b8b", "#6b6b6b")  # several sources, in order
-LUMENRL_K3 = "mismatch/k3_kl"  # LumenRL's k3, on π_rollout/π_trainer (repro.analysis.caveats)
+LUMENRL_K3 = "mismatch/k3_kl"  # LumenRL's k3, on π_rollout/π_trainer; its FSDP loss only (repro.analysis.caveats)
 STYLE = {
     "figure.figsize": (8.0, 4.5),
     "figure.dpi": 100,
@@ -203,8 +203,9 @@ def plot_rollout_throughput(sources: Sources) -> Figure:
 
 
 def plot_train_rollout_mismatch(sources: Sources) -> Figure:
-    """Train-rollout KL (k1 solid, k3 dashed; LumenRL's own k3 dotted) and importance-sampling ESS per step for each
-    source, with AMD's step-75 values (0.4706, estimator not stated; 79.1%)."""
+    """Train-rollout KL (k1 solid, k3 dashed; LumenRL's ``mismatch/k3_kl`` dotted where a source has it -- LumenRL's
+    FSDP loss logs it, its DeepSeek-V4 Megatron path does not) and importance-sampling ESS per step for each source,
+    with AMD's step-75 values (0.4706, estimator not stated; 79.1%)."""
     sources = _as_list(sources)
     with styled():
         fig, (ax_kl, ax_ess) = _new_figure(nrows=2, sharex=True)
@@ -213,7 +214,7 @@ def plot_train_rollout_mismatch(sources: Sources) -> Figure:
             colour = _colours(sources)[i][0]
             kl = frames.require(KL)
             ax_kl.plot(kl.index, kl.to_numpy(), color=colour, label=f"{frames.label}: k1 {KL} (can be < 0)")
-            lumenrl_k3 = f"LumenRL k3 {LUMENRL_K3}, on π_rollout/π_trainer (≥ 0)"
+            lumenrl_k3 = f"LumenRL k3 {LUMENRL_K3} (its FSDP loss only), on π_rollout/π_trainer (≥ 0)"
             for column, style, text in ((K3_KL, "--", f"k3 {K3_KL} (≥ 0)"), (LUMENRL_K3, ":", lumenrl_k3)):
                 if column in frames.train.columns and frames.train[column].notna().any():
                     k3 = frames.require(column)
