@@ -2,7 +2,9 @@
 
 A LumenRL metrics line (``step=N k=v ...``, see repro/analysis/lumenrl_log.py) becomes the rows our own loop would
 have written for that step: a ``kind: train`` row, and a ``kind: eval`` row when the line carries validation
-(``val-core/...``, merged into the step line by LumenRL's DeepSeek-V4 trainer). Lines are recognised and parsed
+(``val-core/...``, merged into the step line by LumenRL's DeepSeek-V4 trainer); an ``eval step=N ...`` line (its
+EvalCallback, after the first update) becomes a ``kind: eval`` row at step N, with the step line's validation time
+as the parser merges them. Lines are recognised and parsed
 by the any-run parser's own pieces, and keys renamed by the importers' map (``throughput/gen_tok_per_s`` ->
 ``perf/rollout_tokens_per_s``, ``val-core/<source>/acc/mean@8`` -> ``eval/avg@8`` ...), so a run directory streamed
 from LumenRL reads as ``read_lumenrl_log`` reads LumenRL's log file -- tests/test_lumenrl_stream.py holds them equal.
