@@ -26,13 +26,13 @@ from matplotlib.ticker import PercentFormatter
 from repro.analysis import summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, THROUGHPUT, MetricsError, RunFrames
 from repro.metric_keys import position_buckets
-from repro.reference import amd_value
+from repro.reference import amd_reference, amd_value
 
 RUN_COLOUR = "#1f4e79"
 RUN_SUMMARY_COLOUR = "#2e8b57"
 AMD_COLOUR = "#ed1c24"  # AMD's brand red: everything AMD published is drawn in it, and no source is
 SOURCE_COLOURS = ("#1f4e79", "#2e8b57", "#7b3f99", "#d98c00", "#008b8b", "#6b6b6b")  # several sources, in order
-LUMENRL_K3 = "mismatch/k3_kl"  # LumenRL's k3, on π_rollout/π_trainer (repro.analysis.caveats)
+LUMENRL_K3 = "mismatch/k3_kl"  # LumenRL's k3, on π_rollout/π_trainer; its FSDP loss only (repro.analysis.caveats)
 STYLE = {
     "figure.figsize": (8.0, 4.5),
     "figure.dpi": 100,
@@ -147,7 +147,7 @@ def plot_reward_accuracy(sources: Sources, phase_len: int = 25) -> Figure:
 
 def plot_heldout_accuracy(sources: Sources) -> Figure:
     """Held-out avg@k per evaluation for each source, with 95% bootstrap intervals over problems where the source
-    logs per-problem counts; AMD's 30.0% -> 49.2% on AIME."""
+    logs per-problem counts; AMD's 30.0% (after step 1) and 49.2% (step 75) on AIME, as two unjoined points."""
     sources = _as_list(sources)
     with styled():
         fig, ax = _new_figure()
@@ -159,9 +159,10 @@ def plot_heldout_accuracy(sources: Sources) -> Figure:
             if len(ci):
                 ax.errorbar(ci.index, ci["avg"], yerr=[ci["avg"] - ci["low"], ci["high"] - ci["avg"]], fmt="none",
                             ecolor=colour, capsize=4, label=f"{frames.label}, 95% bootstrap CI over problems")
-        start, end = amd_value("aime_avg8_start"), amd_value("aime_avg8_end")
-        ax.plot([0, int(amd_value("steps"))], [start, end], "s--", color=AMD_COLOUR,
-                label="AMD, AIME-2024 avg@8 (30 problems): 30.0% → 49.2%")
+        # AMD's two published points, unjoined: a line between them would draw evaluations nobody published
+        start, end = amd_reference()["aime_avg8_start"], amd_reference()["aime_avg8_end"]
+        ax.plot([start.step, end.step], [start.value, end.value], "s", color=AMD_COLOUR,
+                label=f"AMD, AIME-2024 avg@8 (30 problems): 30.0% after step {start.step} → 49.2% at step {end.step}")
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax.set(xlabel="optimizer step", ylabel="avg@k", title="Held-out accuracy per checkpoint", ylim=(0, 1))
         _legend(ax, sources, "upper left")
@@ -191,7 +192,7 @@ def plot_rollout_throughput(sources: Sources) -> Figure:
         low, high = amd_value("rollout_tokens_per_s_min"), amd_value("rollout_tokens_per_s_max")
         side.axhspan(low, high, color=AMD_COLOUR, alpha=0.12, label="range 287–331")
         side.plot([0, 1], [amd_value("rollout_tokens_per_s_first_third"), amd_value("rollout_tokens_per_s_last_third")],
-                  "o-", color=AMD_COLOUR, label="first / last third")
+                  "o", color=AMD_COLOUR, label="first / last third")  # no middle third published: not joined
         side.axhline(amd_value("rollout_tokens_per_s_mean"), color=AMD_COLOUR, ls="--", lw=1, label="mean 311")
         gpus = int(amd_value("rollout_gpus"))
         per_gpu = summary.per_gpu_throughput(amd_value("rollout_tokens_per_s_mean"), gpus)
@@ -203,8 +204,9 @@ def plot_rollout_throughput(sources: Sources) -> Figure:
 
 
 def plot_train_rollout_mismatch(sources: Sources) -> Figure:
-    """Train-rollout KL (k1 solid, k3 dashed; LumenRL's own k3 dotted) and importance-sampling ESS per step for each
-    source, with AMD's step-75 values (0.4706, estimator not stated; 79.1%)."""
+    """Train-rollout KL (k1 solid, k3 dashed; LumenRL's ``mismatch/k3_kl`` dotted where a source has it -- LumenRL's
+    FSDP loss logs it, its DeepSeek-V4 Megatron path does not) and importance-sampling ESS per step for each source,
+    with AMD's step-75 values (0.4706, estimator not stated; 79.1%)."""
     sources = _as_list(sources)
     with styled():
         fig, (ax_kl, ax_ess) = _new_figure(nrows=2, sharex=True)
@@ -213,7 +215,7 @@ def plot_train_rollout_mismatch(sources: Sources) -> Figure:
             colour = _colours(sources)[i][0]
             kl = frames.require(KL)
             ax_kl.plot(kl.index, kl.to_numpy(), color=colour, label=f"{frames.label}: k1 {KL} (can be < 0)")
-            lumenrl_k3 = f"LumenRL k3 {LUMENRL_K3}, on π_rollout/π_trainer (≥ 0)"
+            lumenrl_k3 = f"LumenRL k3 {LUMENRL_K3} (its FSDP loss only), on π_rollout/π_trainer (≥ 0)"
             for column, style, text in ((K3_KL, "--", f"k3 {K3_KL} (≥ 0)"), (LUMENRL_K3, ":", lumenrl_k3)):
                 if column in frames.train.columns and frames.train[column].notna().any():
                     k3 = frames.require(column)

@@ -108,7 +108,10 @@ SMOKE_B039BA2 = {
     "num_training_steps": 3,
 }
 
-LUMENRL_DEFAULTS = {"policy.adam_eps": 1e-8}  # PolicyConfig.adam_eps, not set in either file
+LUMENRL_DEFAULTS = {"policy.adam_eps": 1e-8,  # PolicyConfig.adam_eps, not set in either file
+                    # MegatronConfig (core/config.py:201, 205), not set in the smoke file
+                    "policy.training.megatron_cfg.streamed_optimizer_mode": "off",
+                    "policy.training.megatron_cfg.streamed_optimizer_moment_dtype": "fp32"}
 
 
 def nested(flat: dict) -> dict:

@@ -13,6 +13,7 @@ import pytest
 
 from repro.analysis import MetricsError, read_lumenrl_log, read_wandb_csv
 from repro.analysis.frame import TornLineWarning
+from repro.metric_keys import POSITION_KEYS, position_buckets, position_key
 
 DATA = Path(__file__).parent / "data"
 LOG = DATA / "lumenrl" / "train.log"
@@ -109,3 +110,62 @@ def test_a_log_without_metrics_lines_is_refused(tmp_path):
     path.write_text("2026-08-17 09:00:00 [INFO] lumenrl.main: LumenRL starting\nENT_DIAG step=0 resp_ent=0.6\n")
     with pytest.raises(MetricsError, match=r"noise\.log: no LumenRL metrics lines"):
         read_lumenrl_log(path)
+
+
+# -- one run's console log and its W&B export (tests/data/lumenrl/make_eval_positions.py): LumenRL 2232f55 on its
+#    DeepSeek-V4 path, an EvalCallback evaluation after the first update, validation every 5 steps, pos_* keys
+BUCKETS = position_buckets()
+EVAL_LOG, EVAL_CSV = DATA / "lumenrl" / "eval_positions.log", DATA / "wandb" / "eval_positions_history.csv"
+
+
+def test_console_log_and_wandb_export_give_the_same_evaluations_and_position_buckets():
+    console, export = read_lumenrl_log(EVAL_LOG), read_wandb_csv(EVAL_CSV)
+    # 'eval step=1' is LumenRL's step + 1 (callbacks.py:277), the W&B step of the row its values land in (:387-389)
+    assert console.eval.index.tolist() == export.eval.index.tolist() == [1, 5, 10]
+    assert console.eval["eval/avg@8"].tolist() == export.eval["eval/avg@8"].tolist() == [0.319, 0.395, 0.49]
+    assert console.origin("eval/avg@8") == export.origin("eval/avg@8") == "val-core/math_dapo/acc/mean@8"
+    shared = [c for c in console.eval.columns if c != "timing_s/eval"]
+    pd.testing.assert_frame_equal(console.eval[shared], export.eval[shared], check_exact=True)
+    assert not any("0-based" in n for n in console.notes)  # nothing was shifted
+    positions = [c for c in console.train.columns if c.startswith("rollout_corr/pos_")]
+    assert sorted(positions) == sorted(POSITION_KEYS)  # every bucket and statistic, under LumenRL's own names
+    assert sorted(c for c in export.train.columns if c.startswith("rollout_corr/pos_")) == sorted(positions)
+    pd.testing.assert_frame_equal(console.train[positions], export.train[positions], check_exact=True)
+    last = position_key(2048, 4096, "kl")
+    assert math.isnan(console.train.loc[2, last]) and math.isnan(export.train.loc[2, last])  # no tokens: not logged
+    assert console.train.loc[1, position_key(0, 128, "kl")] == -0.002757  # k1 below zero survives
+    assert console.train.loc[3, position_key(1024, 2048, "tokens")] == 42270.0
+
+
+def test_an_eval_line_at_step_0_under_one_based_step_lines_is_from_before_fcbe86f(tmp_path):
+    """Between 815a0ef and fcbe86f the step lines were 1-based and EvalCallback still logged the 0-based step: its
+    first evaluation, after the first update, reads 'eval step=0'. Such a log is told apart and its evals shifted."""
+    lines = EVAL_LOG.read_text().split("\n")
+    old = tmp_path / "window.log"
+    old.write_text("\n".join(line.replace("callbacks: eval step=1 ", "callbacks: eval step=0 ") for line in lines))
+    frames = read_lumenrl_log(old)
+    assert frames.eval.index.tolist() == [1, 5, 10] and frames.train.index.tolist() == list(range(1, 11))
+    assert any("'eval step=N' lines carry a 0-based N" in n for n in frames.notes)
+
+
+def test_the_synthetic_75_step_sample_reads_as_a_lumenrl_run_with_every_position_bucket():
+    """tests/data/lumenrl/synthetic_positions_75.log: made-up numbers in LumenRL's shape, for drawing KL by position."""
+    path = DATA / "lumenrl" / "synthetic_positions_75.log"
+    assert path.read_text().startswith("# SYNTHETIC: made up by tests/data/lumenrl/make_eval_positions.py")
+    frames = read_lumenrl_log(path)
+    assert frames.train.index.tolist() == list(range(1, 76)) and frames.eval.index.tolist() == [1, *range(5, 76, 5)]
+    assert frames.train[list(POSITION_KEYS)].notna().all().all()
+    # the run's k1 is the token-weighted mean of the buckets' k1 (every response ends before 4,096 tokens)
+    kl = [frames.train[position_key(s, e, "kl")] * frames.train[position_key(s, e, "tokens")] for s, e in BUCKETS]
+    tokens = sum(frames.train[position_key(s, e, "tokens")] for s, e in BUCKETS)
+    np.testing.assert_allclose(sum(kl) / tokens, frames.train["rollout_corr/kl"], rtol=1e-5)
+
+
+def test_a_panel_export_of_a_position_bucket_reads_under_lumenrls_key(tmp_path):
+    """A W&B chart export names the column '<run> - <key>'; LumenRL's train/ mirror of the key reads as the key."""
+    key = position_key(512, 1024, "kl")
+    panel = tmp_path / "panel.csv"
+    panel.write_text(f"train/global_step,dsv4 - train/{key},dsv4 - train/{key}__MIN,dsv4 - train/{key}__MAX\n"
+                     "1,0.0114796,0.0114796,0.0114796\n2,0.0123,0.0123,0.0123\n")
+    frames = read_wandb_csv(panel)
+    assert frames.train[key].tolist() == [0.0114796, 0.0123] and frames.train.index.tolist() == [1, 2]

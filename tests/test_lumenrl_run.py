@@ -84,7 +84,10 @@ def test_a_crashed_run_resumes_from_lumenrls_checkpoint_and_streams_every_step(s
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 9))  # step 5 once: the recomputed one
     assert train[5]["reward/accuracy"] == pytest.approx(0.426) and train[4]["reward/accuracy"] == pytest.approx(0.42)
     assert train[8]["rollout_corr/kl"] == pytest.approx(0.0032) and train[8]["perf/rollout_tokens_per_s"] == 308
-    assert [(r["step"], r["eval/avg@8"]) for r in rows if r["kind"] == "eval"] == [(4, pytest.approx(0.34)),
+    # the EvalCallback's evaluation after step 1 (eval.at_start -> eval.enabled; logged before the crash, kept), then
+    # the validations after every 4th update (val_steps); the resumed attempt starts past the EvalCallback's step
+    assert [(r["step"], r["eval/avg@8"]) for r in rows if r["kind"] == "eval"] == [(1, pytest.approx(0.31)),
+                                                                                  (4, pytest.approx(0.34)),
                                                                                   (8, pytest.approx(0.38))]
     assert (run_dir / "metrics.parquet").is_file()
     log = (run_dir / "logs" / "lumenrl.log").read_text()

@@ -84,6 +84,23 @@ def test_a_zero_based_log_is_shifted_as_the_parser_shifts_it(tmp_path):
                        read_lumenrl_log(source))
 
 
+def test_an_evalcallback_line_streams_at_the_step_it_carries(tmp_path):
+    """'eval step=1' (LumenRL 2232f55: step + 1, callbacks.py:277) is the evaluation after the first update; a log
+    from before fcbe86f, whose first eval line reads 'eval step=0', is shifted as the parser shifts it."""
+    source = DATA / "eval_positions.log"
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    _, seen = stream_in_pieces(source, tmp_path / "a", cut=333)
+    rows = MetricsLog(tmp_path / "a" / "metrics.jsonl").rows()
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [1, 5, 10] and seen == list(range(1, 11))
+    assert_same_frames(frames_from_rows(rows, tmp_path / "m"), read_lumenrl_log(source))
+    window = tmp_path / "window.log"
+    window.write_text(source.read_text().replace("callbacks: eval step=1 ", "callbacks: eval step=0 "))
+    stream_in_pieces(window, tmp_path / "b", cut=333)
+    rows = MetricsLog(tmp_path / "b" / "metrics.jsonl").rows()
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [1, 5, 10]
+    assert_same_frames(frames_from_rows(rows, tmp_path / "m"), read_lumenrl_log(window))
+
+
 def test_a_spliced_line_is_skipped_with_its_line_number_and_a_torn_end_warns(tmp_path):
     with pytest.warns(StreamWarning, match=r"lumenrl.log:16: LumenRL metrics line does not parse"):
         stream, _ = stream_in_pieces(DATA / "bad_line.log", tmp_path)

@@ -61,7 +61,11 @@ def test_heldout_accuracy_plots_evals_with_intervals(frames):
     (_, caps, _), = [c for c in ax.containers]  # the error bars: caps sit at the interval bounds
     np.testing.assert_allclose(sorted(caps[0].get_ydata()), sorted(table["low"]))
     np.testing.assert_allclose(sorted(caps[1].get_ydata()), sorted(table["high"]))
-    np.testing.assert_allclose(_amd_lines(ax)[0].get_ydata(), [0.300, 0.492])
+    (amd,) = _amd_lines(ax)
+    np.testing.assert_allclose(amd.get_ydata(), [0.300, 0.492])
+    # AMD's start is the evaluation after the first update (LumenRL has none before it); the two points are not
+    # joined, since nothing was published in between
+    assert amd.get_xdata().tolist() == [1, 75] and amd.get_linestyle() == "None"
 
 
 def test_throughput_run_axis_and_separate_amd_axis(frames):
@@ -73,6 +77,7 @@ def test_throughput_run_axis_and_separate_amd_axis(frames):
     np.testing.assert_allclose(thirds_y[~np.isnan(thirds_y)][::2], expected)
     assert not _amd_lines(run_ax)  # AMD's numbers live on their own axis, not on the run's scale
     np.testing.assert_allclose(amd_ax.lines[0].get_ydata(), [315.2, 308.6])
+    assert amd_ax.lines[0].get_linestyle() == "None"  # two published thirds, no middle one: not joined
 
 
 def test_mismatch_plots_k1_and_k3_labelled_with_amd_step75(frames):
@@ -100,7 +105,7 @@ def test_several_sources_overlay_in_their_own_colours(frames):
     assert ours.get_color() == ours_mean.get_color() != theirs.get_color() != AMD_COLOUR
     ax_kl = plot_train_rollout_mismatch([frames, log]).axes[0]
     lumen_k3 = [line for line in ax_kl.lines if "mismatch/k3_kl" in line.get_label()]
-    assert [line.get_label() for line in lumen_k3] == ["train: LumenRL k3 mismatch/k3_kl, on π_rollout/π_trainer (≥ 0)"]
+    assert [line.get_label() for line in lumen_k3] == ["train: LumenRL k3 mismatch/k3_kl (its FSDP loss only), on π_rollout/π_trainer (≥ 0)"]
     np.testing.assert_array_equal(lumen_k3[0].get_ydata(), log.train["mismatch/k3_kl"].to_numpy())
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from repro.analysis import compare_sources, compare_to_amd, load_run, load_sources
-from repro.analysis.caveats import source_notes
+from repro.analysis.caveats import rollout_logprobs, source_notes
+from repro.analysis.compare import LOGPROB_MARKS, compare_positions
 from repro.analysis.formats import fmt, formatted_rows
 from repro.analysis.report import render_report, side_by_side_markdown, write_report
 from repro.analysis.synthetic import write_synthetic_run
@@ -50,7 +51,10 @@ def test_a_run_stopped_short_says_which_step_end_is(stopped_short):
     table = compare_to_amd(stopped_short).set_index("metric")
     end = table.loc["held-out avg@k, end"]  # killed before its step-50 evaluation: the last one is step 25's
     assert (end["step"], end["note"]) == (25, "30 problems; step 25, AMD's is step 75")
-    assert table.loc["effective sample size, end", "note"] == "run ends at step 40, AMD's value is at step 75"
+    # a repro run's rollout log-probs are the recipe's (rollout.logprobs_mode); AMD's were raw: marked where not
+    mark = LOGPROB_MARKS.get(rollout_logprobs(stopped_short), "")
+    assert table.loc["effective sample size, end", "note"] == "; ".join(
+        filter(None, ["run ends at step 40, AMD's value is at step 75", mark]))
     assert table.loc["reward accuracy, steps 26-50", "note"] == "only 15 of 25 steps logged"
     assert math.isnan(table.loc["reward accuracy, steps 51-75", "run"])
     notes = source_notes(stopped_short)
@@ -70,11 +74,12 @@ def test_one_evaluation_is_a_start_or_an_end_never_both(tmp_path):
     assert table.loc["held-out avg@k, start", "step"] == 0
     end = table.loc["held-out avg@k, end"]
     assert math.isnan(end["run"]) and end["note"] == "one evaluation only: no evaluation after step 0"
-    assert "Evaluated at step 0; AMD publishes step 0 and step 75 only." in source_notes(frames)
+    assert "Evaluated at step 0; AMD publishes step 1 and step 75 only." in source_notes(frames)
     lumenrl = load_sources(str(DATA / "lumenrl" / "train.log"))[0]
     lumenrl.eval = lumenrl.eval.loc[[5]]
     table = compare_to_amd(lumenrl).set_index("metric")
-    assert table.loc["held-out avg@k, start", "note"] == "one evaluation only: no evaluation before the first update"
+    assert table.loc["held-out avg@k, start", "note"] == ("one evaluation only: none by step 1, AMD's start (the "
+                                                           "evaluation after the first update)")
     assert table.loc["held-out avg@k, end", "step"] == 5
 
 
@@ -95,12 +100,15 @@ def test_three_sources_side_by_side_name_what_each_lacks(three):
 
 def test_notes_say_where_a_source_is_not_amds_quantity(three):
     short, lumenrl, panels = (source_notes(f) for f in three)
-    assert "Evaluated at steps 0, 25; AMD publishes step 0 and step 75 only." in short
+    assert "Evaluated at steps 0, 25; AMD publishes step 1 and step 75 only." in short
     assert any(n.startswith("`perf/rollout_tokens_per_s` is generated tokens/s of this CPU run") for n in short)
     assert lumenrl[:2] == ["12 steps logged, fewer than AMD's 75: \"end\" values are step 12's, and the 25-step phases "
                            "after step 12 are partial or empty.",
-                           "Evaluated at steps 5, 10; AMD publishes step 0 and step 75 only."]
-    assert "No evaluation before the first update: \"start\" is step 5, after 5 updates, not AMD's step 0." in lumenrl
+                           "Evaluated at steps 5, 10; AMD publishes step 1 and step 75 only."]
+    assert ("\"start\" is step 5, after 5 updates; AMD's is the evaluation after the first update (step 1: LumenRL "
+            "never evaluates before it).") in lumenrl
+    assert ("\"start\" is step 0, before any update; AMD's is the evaluation after the first update (step 1: "
+            "LumenRL never evaluates before it).") in short
     assert "No per-problem correct counts: held-out accuracy has no bootstrap band." in lumenrl
     assert any("LumenRL's `throughput/gen_tok_per_s`" in n and "no per-GPU figure" in n for n in lumenrl)
     assert any(n.startswith("LumenRL's `mismatch/k3_kl`, `mismatch/chi2_token` are computed on π_rollout/π_trainer")
@@ -120,3 +128,33 @@ def test_the_report_of_three_sources(tmp_path, three):
         assert heading in text
     assert "`rollout_corr/kl` is the k1 estimator" in text and "AMD's post does not say which estimator" in text
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_kl_cells_are_marked_where_the_rollout_log_probs_are_not_amds_or_not_known(three):
+    """AMD's KL and ESS set the trainer's log_softmax(logits / T) against vLLM's raw log-probs (T = 1): a LumenRL log
+    is that quantity; a W&B export does not say, and its cells say so instead of standing beside AMD's silently."""
+    _, lumenrl, _ = three
+    assert rollout_logprobs(lumenrl) == "raw"
+    assert compare_to_amd(lumenrl).set_index("metric").loc["train-rollout KL, k1 estimator, end", "note"] == \
+        "run ends at step 12, AMD's value is at step 75; k1 can be negative"
+    export = load_sources(str(DATA / "wandb" / "eval_positions_history.csv"))[0]
+    assert rollout_logprobs(export) is None
+    row = compare_to_amd(export).set_index("metric").loc["train-rollout KL, k1 estimator, end"]
+    assert row["note"].endswith("; the source does not say whether its rollout log-probs were raw, as AMD's, or "
+                                "processed")
+    assert any(n.startswith("The source does not say whether its rollout log-probs were raw or processed")
+               for n in source_notes(export))
+    assert not any("rollout log-probs" in n for n in source_notes(lumenrl))
+
+
+def test_kl_by_position_is_compared_bucket_by_bucket_with_every_missing_cell_marked(three):
+    _, lumenrl, _ = three
+    positions = load_sources(str(DATA / "lumenrl" / "eval_positions.log"))[0]
+    table = compare_positions([positions, lumenrl], stat="kl", step=2)
+    ours = table[table["source"] == "eval_positions"].set_index("bucket")
+    assert ours.loc["0-127", "value"] == positions.train.loc[2, "rollout_corr/pos_0_127/kl"]
+    # no tokens past 2,047 at step 2: the bucket was not logged, and the cell says whose value stands there
+    assert (ours.loc["2048-4095", "step"], ours.loc["2048-4095", "note"]) == (10, "not logged at step 2: step 10's")
+    theirs = table[table["source"] == "lumenrl"]
+    assert theirs["value"].isna().all() and (theirs["note"] == "no `" + theirs["key"] + "` in this source").all()
+    assert "No KL by response position (`rollout_corr/pos_*`) in this source" in " ".join(source_notes(lumenrl))

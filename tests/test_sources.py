@@ -65,7 +65,7 @@ def test_each_kind_loads_and_labels_default_to_the_name(run_dir):
     assert (verl.kind, verl.label) == ("jsonl", "mine")
     with pytest.raises(MetricsError, match=r"no such file or folder"):
         load_source(str(DATA / "nope.log"))
-    with pytest.raises(MetricsError, match=r"matches 3 files; only W&B exports of one run may be several files"):
+    with pytest.raises(MetricsError, match=r"matches 5 files; only W&B exports of one run may be several files"):
         load_source("lumenrl:" + str(DATA / "lumenrl" / "*.log"))
 
 

@@ -1,19 +1,21 @@
 """Where a source's numbers are not AMD's quantity: one sentence per difference, read off the frames.
 
-AMD's published numbers: reward accuracy per 25-step phase of a 75-step run; AIME-2024 avg@8 (30 problems) at step 0
-and step 75; rollout throughput as generated tokens/s of the whole 8-GPU rollout node; KL and ESS at step 75 (the
-post does not say which KL estimator). Each function returns the sentences for one source; ``source_notes`` all.
+AMD's published numbers: reward accuracy per 25-step phase of a 75-step run; AIME-2024 avg@8 (30 problems) at the
+start and at step 75 (the start is the evaluation after step 1: LumenRL never evaluates before the first update, see
+repro/reference); rollout throughput as generated tokens/s of the whole 8-GPU rollout node; KL and ESS at step 75
+(the post does not say which KL estimator). Each function returns the sentences for one source; ``source_notes`` all.
 """
 
 from __future__ import annotations
 
 from repro.analysis import formats, summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, THROUGHPUT, RunFrames
-from repro.metric_keys import timing_key
-from repro.reference import amd_value
+from repro.metric_keys import POSITION_KEYS, timing_key
+from repro.reference import amd_reference, amd_value
 
 AMD_STEPS = int(amd_value("steps"))
-AMD_EVAL_STEPS = (0, AMD_STEPS)
+AMD_START_STEP = int(amd_reference()["aime_avg8_start"].step)
+AMD_EVAL_STEPS = (AMD_START_STEP, int(amd_reference()["aime_avg8_end"].step))
 LUMENRL_RECIPROCAL_KEYS = ("mismatch/k3_kl", "mismatch/chi2_token", "mismatch/chi2_seq")
 
 KL_ESTIMATORS = (f"`{KL}` is the k1 estimator, the mean of log π_rollout − log π_trainer over response tokens: "
@@ -68,17 +70,58 @@ def throughput_notes(frames: RunFrames) -> list[str]:
     return [f"Rollout throughput {where}the aggregate of the whole rollout group, AMD's unit; {per_gpu}."]
 
 
+def rollout_logprobs(frames: RunFrames) -> str | None:
+    """Which log-prob of each sampled token the source's rollout returned: "raw" (log_softmax(logits), T = 1: vLLM's
+    default raw_logprobs, which AMD's run used -- LumenRL sets no logprobs_mode), "processed" (log_softmax(logits / T),
+    the distribution sampled from), or None when the source does not say (an export of someone's run)."""
+    if frames.kind == "lumenrl" or (frames.recipe is not None and frames.recipe.engine == "lumenrl"):
+        return "raw"
+    if frames.recipe is not None:
+        # a run dir written before the field existed reads as "processed", what repro's engines then returned
+        # (repro.recipes.earlier)
+        return frames.recipe.rollout.logprobs_mode
+    return None
+
+
+def logprob_note(frames: RunFrames) -> str | None:
+    """Why this source's KL, ESS and KL by position are not AMD's quantity because of its rollout log-probs, or None."""
+    mode = rollout_logprobs(frames)
+    if mode == "raw":
+        return None
+    amd = ("AMD's run set the trainer's log_softmax(logits / T) against vLLM's raw log_softmax(logits) at T = 1 "
+           "(LumenRL sets no logprobs_mode), so its KL, ESS and KL by position include the temperature")
+    if mode == "processed":
+        return (f"This source's rollout log-probs are processed, log_softmax(logits / T), the distribution sampled "
+                f"from; {amd}: the two measure different things and are set side by side only with this mark.")
+    return f"The source does not say whether its rollout log-probs were raw or processed; {amd}."
+
+
 def kl_notes(frames: RunFrames) -> list[str]:
     notes = []
     missing = [k for k in (KL, K3_KL, ESS) if k not in frames.train.columns]
     if missing:
         notes.append(f"No {', '.join(f'`{k}`' for k in missing)} in this source.")
+    if KL in frames.train.columns or ESS in frames.train.columns:
+        notes += [n for n in (logprob_note(frames),) if n]
     reciprocal = [k for k in LUMENRL_RECIPROCAL_KEYS if k in frames.train.columns]
     if reciprocal:
         notes.append(f"LumenRL's {', '.join(f'`{k}`' for k in reciprocal)} are computed on π_rollout/π_trainer, the "
                      "reciprocal of the ratio our k3 and χ² use: kept under their own names, drawn in the KL figure "
-                     "as LumenRL's k3, and not compared with `rollout_corr/k3_kl`.")
+                     "as LumenRL's k3, and not compared with `rollout_corr/k3_kl`. Only LumenRL's FSDP loss logs them "
+                     "(workers/actor_worker.py `_policy_loss_fn`); its DeepSeek-V4 Megatron path, AMD's, never does.")
     return notes
+
+
+def position_notes(frames: RunFrames) -> list[str]:
+    """What the source lacks of LumenRL's KL by response position (``rollout_corr/pos_*``, logged since 2232f55)."""
+    present = [k for k in POSITION_KEYS if k in frames.train.columns and frames.train[k].notna().any()]
+    if not present:
+        return ["No KL by response position (`rollout_corr/pos_*`) in this source (LumenRL logs it since 2232f55, "
+                "while its rollout correction is on: rl_trainer.py:4067-4077)."]
+    never = sorted({k.rsplit("/", 1)[0] for k in POSITION_KEYS} - {k.rsplit("/", 1)[0] for k in present})
+    if never:
+        return [f"No tokens ever in {', '.join(f'`{b}`' for b in never)}: a bucket without tokens is not logged."]
+    return []
 
 
 def eval_notes(frames: RunFrames) -> list[str]:
@@ -91,11 +134,12 @@ def eval_notes(frames: RunFrames) -> list[str]:
     steps = [int(s) for s in frames.eval[key].dropna().index]
     notes = []
     if tuple(steps) != AMD_EVAL_STEPS:
-        notes.append(f"Evaluated at step{'s' if len(steps) > 1 else ''} {_steps(steps)}; AMD publishes step 0 and "
-                     f"step {AMD_STEPS} only.")
-    if steps and steps[0] != 0:
-        notes.append(f"No evaluation before the first update: \"start\" is step {steps[0]}, after {steps[0]} updates, "
-                     "not AMD's step 0.")
+        notes.append(f"Evaluated at step{'s' if len(steps) > 1 else ''} {_steps(steps)}; AMD publishes step "
+                     f"{AMD_EVAL_STEPS[0]} and step {AMD_EVAL_STEPS[1]} only.")
+    if steps and steps[0] != AMD_START_STEP:
+        after = "before any update" if steps[0] == 0 else f"after {steps[0]} updates"
+        notes.append(f"\"start\" is step {steps[0]}, {after}; AMD's is the evaluation after the first update "
+                     f"(step {AMD_START_STEP}: LumenRL never evaluates before it).")
     k = int(key.split("@")[1])
     if k != int(amd_value("aime_samples_per_problem")):
         notes.append(f"{key}: {k} samples per problem, AMD's avg@8 uses 8.")
@@ -124,7 +168,7 @@ def timing_notes(frames: RunFrames) -> list[str]:
 def source_notes(frames: RunFrames) -> list[str]:
     """Every sentence on where this source differs from what AMD measured, importer notes last."""
     notes = (length_notes(frames) + eval_notes(frames) + throughput_notes(frames) + kl_notes(frames)
-             + timing_notes(frames) + [n if n.endswith(".") else n + "." for n in frames.notes])
+             + position_notes(frames) + timing_notes(frames) + [n if n.endswith(".") else n + "." for n in frames.notes])
     if ACCURACY not in frames.train.columns:
         notes.insert(0, f"No reward accuracy (`{ACCURACY}`, nor a DAPO score to derive it from).")
     return notes

@@ -25,8 +25,9 @@ import math
 import pandas as pd
 
 from repro.analysis import summary
+from repro.analysis.caveats import AMD_EVAL_STEPS, rollout_logprobs
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, THROUGHPUT, RunFrames
-from repro.metric_keys import EVAL_AVG_PREFIX
+from repro.metric_keys import EVAL_AVG_PREFIX, position_buckets, position_key
 from repro.reference import amd_value
 
 Z95 = 1.96
@@ -86,12 +87,13 @@ def _heldout_rows(frames: RunFrames) -> list[dict]:
         return [_row(n, "fraction", key, a, note=lacks(key)) for n, a in zip(names, amd)]
     rows = []
     steps = (int(table.index[0]), int(table.index[-1]))
-    if len(table) == 1:  # one evaluation is a start (step 0) or an end, never both
+    if len(table) == 1:  # one evaluation is a start (by AMD's start step) or an end, never both
         only = steps[0]
-        steps = (only, None) if only == 0 else (None, only)
-    for name, amd_avg, step, amd_step in zip(names, amd, steps, (0, AMD_STEPS)):
+        steps = (only, None) if only <= AMD_EVAL_STEPS[0] else (None, only)
+    for name, amd_avg, step, amd_step in zip(names, amd, steps, AMD_EVAL_STEPS):
         if step is None:
-            why = "no evaluation after step 0" if amd_step == AMD_STEPS else "no evaluation before the first update"
+            why = (f"no evaluation after step {steps[0]}" if amd_step == AMD_EVAL_STEPS[1]
+                   else f"none by step {AMD_EVAL_STEPS[0]}, AMD's start (the evaluation after the first update)")
             rows.append(_row(name, "fraction", key, amd_avg, note=f"one evaluation only: {why}"))
             continue
         e = table.loc[step]
@@ -133,12 +135,17 @@ def _throughput_rows(frames: RunFrames) -> list[dict]:
     return rows
 
 
+LOGPROB_MARKS = {"processed": "processed rollout log-probs, AMD's were raw (T = 1): not the same quantity",
+                 None: "the source does not say whether its rollout log-probs were raw, as AMD's, or processed"}
+
+
 def _mismatch_rows(frames: RunFrames) -> list[dict]:
     specs = ((KL, "kl", "train-rollout KL, k1 estimator, end", amd_value("kl_train_rollout_step75"),
               "k1 can be negative"),
              (K3_KL, "kl", "train-rollout KL, k3 estimator, end", NAN,
               "k3 is never negative; AMD's post does not say which estimator its 0.4706 is"),
              (ESS, "fraction", "effective sample size, end", amd_value("ess_step75"), ""))
+    mark = LOGPROB_MARKS.get(rollout_logprobs(frames), "")
     rows = []
     for column, quantity, metric, amd, note in specs:
         if column not in frames.train.columns or frames.train[column].dropna().empty:
@@ -146,8 +153,29 @@ def _mismatch_rows(frames: RunFrames) -> list[dict]:
             continue
         step, value = summary.value_at_step(frames.require(column), AMD_STEPS)
         short = f"run ends at step {step}, AMD's value is at step {AMD_STEPS}" if step != AMD_STEPS else ""
-        rows.append(_row(metric, quantity, column, amd, value, step, note="; ".join(filter(None, [short, note]))))
+        rows.append(_row(metric, quantity, column, amd, value, step,
+                         note="; ".join(filter(None, [short, note, mark]))))
     return rows
+
+
+def compare_positions(sources: list[RunFrames], stat: str = "kl", step: int = AMD_STEPS) -> pd.DataFrame:
+    """LumenRL's mismatch by response position, one row per bucket and source: the source's ``stat`` at ``step`` (or
+    its last logged step), NaN where it lacks the bucket, and a note that marks the cell where the value is missing
+    or is not the quantity AMD's run logged (its rollout log-probs). AMD published none of these: no AMD column."""
+    rows = []
+    for frames in sources:
+        mark = LOGPROB_MARKS.get(rollout_logprobs(frames), "")
+        for start, end in position_buckets():
+            key = position_key(start, end, stat)
+            if key not in frames.train.columns or frames.train[key].dropna().empty:
+                rows.append({"source": frames.label, "bucket": f"{start}-{end - 1}", "key": key, "step": None,
+                             "value": NAN, "note": lacks(key)})
+                continue
+            at, value = summary.value_at_step(frames.require(key), step)
+            short = f"not logged at step {step}: step {at}'s" if at != step else ""
+            rows.append({"source": frames.label, "bucket": f"{start}-{end - 1}", "key": key, "step": at,
+                         "value": value, "note": "; ".join(filter(None, [short, mark]))})
+    return pd.DataFrame(rows, columns=["source", "bucket", "key", "step", "value", "note"])
 
 
 def compare_to_amd(frames: RunFrames) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWar
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
+from repro.recipes.earlier import EARLIER_CONVENTIONS, EARLIER_IS_METRICS_NOTE, fill_earlier_conventions
 from repro.recipes.schema import Recipe
 
 METRICS_FILE = "metrics.jsonl"
@@ -138,7 +139,9 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def read_recipe(path: Path) -> Recipe:
+def read_recipe(path: Path) -> tuple[Recipe, list[str]]:
+    """A run's resolved recipe, and the convention keys it predates (filled with what repro then ran:
+    ``repro.recipes.earlier``)."""
     from repro.recipes import validate_recipe
 
     if not path.is_file():
@@ -149,7 +152,16 @@ def read_recipe(path: Path) -> Recipe:
         raise MetricsError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise MetricsError(f"{path}: expected a recipe mapping")
-    return validate_recipe(data, source=str(path))
+    filled = fill_earlier_conventions(data)
+    return validate_recipe(data, source=str(path)), filled
+
+
+def earlier_notes(filled: list[str]) -> list[str]:
+    if not filled:
+        return []
+    values = ", ".join(f"{key}={EARLIER_CONVENTIONS[key]}" for key in filled)
+    return [f"The run predates the recipe fields {', '.join(filled)}: read as what repro then ran ({values}); "
+            f"{EARLIER_IS_METRICS_NOTE}."]
 
 
 def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
@@ -158,10 +170,12 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     if not run_dir.is_dir():
         raise MetricsError(f"{run_dir}: run directory not found")
     path = run_dir / METRICS_FILE
-    recipe = read_recipe(run_dir / RECIPE_FILE)
+    recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
     if recipe.engine == "lumenrl":  # rows streamed from LumenRL's log: its key origins and step-time convention
         from repro.lumenrl.stream import streamed_about
 
         about = streamed_about(run_dir)
-    return frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
+    frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
+    frames.notes.extend(earlier_notes(filled))
+    return frames

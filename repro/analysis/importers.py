@@ -21,8 +21,11 @@ Synonyms (ours <- theirs, the first present in a log wins; every key not listed 
 
 Kept under their own names because they are other quantities: verl's perf/throughput (prompt + response tokens
 per second of the whole step per GPU), LumenRL's mismatch/k3_kl, mismatch/chi2_token, mismatch/chi2_seq (computed
-on π_rollout/π_trainer, the reciprocal of the ratio our rollout_corr/k3_kl and chi2 use) and
-timing/weight_sync_rdma_s (the RDMA transfer inside the sync).
+on π_rollout/π_trainer, the reciprocal of the ratio our rollout_corr/k3_kl and chi2 use; only LumenRL's FSDP loss
+logs them, its DeepSeek-V4 Megatron path never does) and timing/weight_sync_rdma_s (the RDMA transfer inside the
+sync). LumenRL's KL by response position, rollout_corr/pos_{first}_{last}/{kl,abs_diff,k3_kl,tokens} (2232f55 on),
+has our names already (repro.metric_keys.POSITION_KEYS) and passes through as it is, from text logs and from W&B
+exports (whose train/ mirrors of it collapse as below).
 
 Mirrors: LumenRL's W&B payload repeats every key under ``train/`` and some under ``core/``; a mirror column is
 dropped when the key it copies is present (a ``train/x`` whose ``x`` is absent, as older LumenRL logged only

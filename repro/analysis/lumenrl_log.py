@@ -3,15 +3,21 @@
 What LumenRL writes, read in its source (``lumenrl/trainer/callbacks.py``, ``trainer/main.py``, ``rl_trainer.py``):
 
 - one INFO record per step, message ``step=N k=v k=v ...``: keys sorted, values ``%.6g`` (so ``nan``, ``inf``,
-  ``1e-06`` occur); N is 1-based in current LumenRL (``step + 1``), 0-based in older versions (a ``step=0`` line
-  gives those away; they are shifted by one, with a note);
+  ``1e-06`` occur); N is 1-based since 815a0ef (2026-06-25; ``LoggingCallback``, callbacks.py:52 at 2232f55),
+  0-based before (a ``step=0`` line gives those logs away; they are shifted by one, with a note);
 - the record carries the logging prefix ``%(asctime)s [%(levelname)s] %(name)s: `` and, from a Ray worker, Ray's
   ``(Actor pid=...)`` prefix; other messages that mention a step (``[eval] step=5 acc=...``, ``ENT_DIAG step=0
   ...``, ``Saving checkpoint step=25: ...``) are not metrics and are skipped, because the message itself must start
   with ``step=``;
-- the DSV4 trainer validates after every ``val_steps``-th update (1-based step 5, 10, ... for ``val_steps: 5``) and
-  merges ``val-core/...`` into that step's line; an ``EvalCallback``, where one is installed, instead logs
-  ``eval step=N ...`` with the trainer's 0-based N (the state after N + 1 updates), read here as step N + 1.
+- the DSV4 trainer validates after every ``val_steps``-th update (1-based step 5, 10, ... for ``val_steps: 5``;
+  rl_trainer.py:4164) and merges ``val-core/...`` into that step's line; ``eval.enabled`` installs an
+  ``EvalCallback`` (main.py:115-116) that validates after 0-based steps 0, interval, 2 x interval ... (interval
+  default 1000: in practice once, after the first update) and logs ``eval step=N ...`` on a line of its own. N is
+  ``step + 1`` since fcbe86f (2026-07-08; callbacks.py:277), the same 1-based count as the step lines and as the
+  W&B row the values land in (callbacks.py:387-389), so it is read as it stands. Between 815a0ef and fcbe86f the
+  eval line still carried the 0-based step under 1-based step lines; such a log shows itself by an ``eval step=0``
+  line (the first evaluation, after the first update), and its eval lines are shifted by one, with a note. A
+  0-based log's eval lines are 0-based too and are shifted with its step lines.
 
 A line that starts like a metrics line but does not parse is corruption, named by file and line; as the last line of
 the file it is a write cut short and is dropped with a warning. Keys map to ours as in repro.analysis.importers.
@@ -66,7 +72,7 @@ def read_lumenrl_log(path: str | Path, data_source: str | None = None, label: st
     except UnicodeDecodeError as err:
         raise MetricsError(f"{path}: not a text log ({err})") from None
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
-    rows, eval_lines, zero_based = [], 0, False
+    rows, zero_based, eval_zero = [], False, False
     segments = ((number, segment, number == last and k == line.count("\r"))
                 for number, line in enumerate(lines, start=1) for k, segment in enumerate(line.split("\r")))
     for number, segment, at_end in segments:
@@ -83,22 +89,28 @@ def read_lumenrl_log(path: str | Path, data_source: str | None = None, label: st
             continue
         step = int(match["step"])
         if match["eval"]:
-            eval_lines += 1
-            step += 1  # EvalCallback logs the trainer's 0-based step: the evaluation after step + 1 updates
+            eval_zero |= step == 0
         else:
             zero_based |= step == 0
-        rows.append({"step": step, "_train_line": not match["eval"], **values})
+        rows.append({"step": step, "_eval_line": bool(match["eval"]), **values})
     if not rows:
         raise MetricsError(f"{path}: no LumenRL metrics lines ('step=N key=value ...') in the log")
     table = pd.DataFrame(rows)
-    if zero_based:  # the eval lines are 0-based in every LumenRL version and were shifted already
-        table.loc[table["_train_line"], "step"] += 1
-    table = table.drop(columns="_train_line").replace([math.inf, -math.inf], math.nan)
+    eval_lines = table["_eval_line"]
+    shift_evals = zero_based or eval_zero
+    if zero_based:
+        table.loc[~eval_lines, "step"] += 1
+    if shift_evals:
+        table.loc[eval_lines, "step"] += 1
+    table = table.drop(columns="_eval_line").replace([math.inf, -math.inf], math.nan)
     notes = []
     if zero_based:
         notes.append("The log counts training steps from 0 (LumenRL before its 1-based logging); shifted by one so "
                      "step N is the state after N updates")
-    if eval_lines:
-        notes.append(f"The {eval_lines} 'eval step=N' lines carry LumenRL's 0-based N: shown at step N + 1, the "
-                     "number of updates before that evaluation")
+    if shift_evals and eval_lines.any():
+        notes.append(f"The {int(eval_lines.sum())} 'eval step=N' lines carry a 0-based N (LumenRL before fcbe86f): "
+                     "shown at step N + 1, the number of updates before that evaluation")
+    if eval_lines.any():
+        notes.append("LumenRL's EvalCallback evaluates after the step's timings were taken (rl_trainer.py:4169-4179, "
+                     "callbacks at :4188-4189): the time of its evaluations ('eval step=N' lines) is in no timing key")
     return frames_from_table(table, path, data_source, kind="lumenrl", label=label, notes=notes)

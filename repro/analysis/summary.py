@@ -198,7 +198,8 @@ def phase_table(sources: list[RunFrames], phase_len: int = 25, amd: dict[int, fl
     return pd.DataFrame(rows, columns=columns)
 
 
-# What each mismatch key estimates, said once for every table that shows them (LumenRL's keys: repro.analysis.caveats).
+# What each mismatch key estimates, said once for every table that shows them (LumenRL's keys: repro.analysis.caveats;
+# its mismatch/* come from its FSDP loss only, never from the DeepSeek-V4 Megatron path).
 MISMATCH_KEYS = {
     KL: ("kl", "k1: mean log π_rollout − log π_trainer; can be < 0"),
     K3_KL: ("kl", "k3: mean ρ − log ρ − 1, ρ = π_trainer/π_rollout; ≥ 0"),
@@ -206,9 +207,9 @@ MISMATCH_KEYS = {
     CHI2_SEQ: ("kl", "χ² per sequence, E[(Πρ)²] − 1; can be < 0"),
     ESS: ("fraction", "effective sample size of the truncated IS weights, 0–100%"),
     IS_FRACTION_HIGH: ("fraction", "share of tokens whose IS weight was truncated"),
-    "mismatch/k3_kl": ("kl", "LumenRL: k3 on w = π_rollout/π_trainer, mean w − log w − 1; ≥ 0"),
-    "mismatch/chi2_token": ("kl", "LumenRL: mean (w − 1)², w = π_rollout/π_trainer; ≥ 0"),
-    "mismatch/abs_diff": ("kl", "LumenRL: mean |log π_rollout − log π_trainer|"),
+    "mismatch/k3_kl": ("kl", "LumenRL FSDP loss: k3 on w = π_rollout/π_trainer, mean w − log w − 1; ≥ 0"),
+    "mismatch/chi2_token": ("kl", "LumenRL FSDP loss: mean (w − 1)², w = π_rollout/π_trainer; ≥ 0"),
+    "mismatch/abs_diff": ("kl", "LumenRL FSDP loss: mean |log π_rollout − log π_trainer|"),
 }
 
 

@@ -7,14 +7,22 @@ every key the recipe determines (:func:`recipe_settings`); everything else -- RD
 knobs, the vLLM server transport -- stays as AMD published it. Site and run settings (checkpoint folder, resume,
 node pinning, W&B) come from :func:`run_settings`.
 
-On the AMD recipe the written values equal LumenRL's longrun file (@2232f554) key for key, except where AMD's post
-and the file differ and the post wins: ``gpu_memory_utilization`` 0.90 (file 0.92), ``num_training_steps`` 75
-(file 200), ``val_steps`` 25 (the post evaluates every 25 steps; the file every 5). tests/test_lumenrl_config.py
-holds the published values as facts.
+Only keys that LumenRL's DeepSeek-V4 path reads are written (Ray controller, ``megatron_lumen_dsv4`` trainer, vLLM
+``ray_http`` rollout, RDMA weight sync; at 2232f55 -- tests/test_lumenrl_config.py names the line that reads each).
+Not written, because that path never reads them or something else decides them: ``policy.lr_decay_style`` (the DSV4
+engine's scheduler is constant in code), ``policy.training.optimizer_dtype`` (FSDP only; the DSV4 engine trains in
+BF16 whatever it says), ``quantization.rollout.precision`` (vLLM's ``quantization`` decides), ``vllm_cfg.
+update_weights_bucket_megabytes`` (the IPC sync; RDMA uses ``weight_sync.bucket_size_mb``), ``moe.r3.replay_mode``
+(a debug message only), ``reward.function`` (the trainer scores with LumenRL's DAPO math reward in code),
+``algorithm.use_kl_in_reward`` (the non-Ray trainer only), ``megatron_cfg.num_experts`` (the checkpoint's
+config.json wins), ``policy.gen_batch_size`` (GRPO draws ``train_global_batch_size / num_generations`` prompts per
+step) and ``rollout.fp8_format`` / ``fp8_block`` / ``fp8_scale`` (vLLM's ``fp8_per_block`` decides them).
 
-Not written, because LumenRL ignores them or decides them elsewhere: ``policy.gen_batch_size`` (GRPO draws
-``train_global_batch_size / num_generations`` prompts per step and ignores it), and ``rollout.fp8_format`` /
-``fp8_block`` / ``fp8_scale`` (vLLM's ``fp8_per_block`` on the rollout node decides them).
+On the AMD recipe the written values equal LumenRL's longrun file (@2232f554) key for key, except
+``gpu_memory_utilization`` 0.90 (the post's 90%; file 0.92), ``num_training_steps`` 75 (the post's run; file 200) and
+``val_steps`` 25 (the recipe's ``eval.every_steps``; the file validates every 5 steps, and the post does not say how
+often AMD evaluated). Where LumenRL does not do what the recipe says -- its Megatron seed is always 42 -- the written
+config's header says so (:func:`config_notes`).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import yaml
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
-DAPO_REWARD = "lumenrl.rewards.math_reward.dapo_math_reward"
+DAPO_REWARD = "lumenrl.rewards.math_reward.compute_math_reward"  # what the trainer calls (rl_trainer.py:2087)
 TRAINING_BACKEND = "megatron_lumen_dsv4"  # LumenRL's DeepSeek-V4 Megatron engine
 VLLM = "policy.generation.vllm_cfg."
 MEGATRON = "policy.training.megatron_cfg."
@@ -62,6 +70,22 @@ def recipe_problems(recipe: "Recipe") -> list[str]:
     if recipe.rollout_correction.mode.endswith("_mask"):
         problems.append(f"rollout_correction.mode: {recipe.rollout_correction.mode!r} is not mapped to LumenRL "
                         "(token, sequence and none are)")
+    # conventions LumenRL's code fixes (docs/fidelity.md): a recipe that asks otherwise cannot be run by it
+    if recipe.rollout.logprobs_mode != "raw":
+        problems.append("rollout.logprobs_mode: LumenRL passes no logprobs_mode to vLLM (rl_trainer.py:439-470), so "
+                        "its rollout log-probs are vLLM's default raw ones; 'processed' is repro's")
+    if recipe.algorithm.clip_ratio_c is not None:
+        problems.append("algorithm.clip_ratio_c: LumenRL's GRPO loss on the Megatron path takes no dual-clip "
+                        "(megatron_engine.py:2498-2511)")
+    if recipe.algorithm.adv_std != "population":
+        problems.append("algorithm.adv_std: LumenRL's grpo estimator divides by the population std "
+                        "(advantage_estimators.py:167)")
+    if not recipe.reward.boxed_fallback:
+        problems.append("reward.boxed_fallback: LumenRL's reward always scores the last \\boxed{} of a response "
+                        "without an 'Answer:' line (rewards/math_reward.py:97-99)")
+    for name, dataset in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
+        if dataset.dedupe:
+            problems.append(f"{name}.dedupe: LumenRL reads every row of the file; dedupe it beforehand")
     if recipe.reward.verifier != "dapo":
         problems.append(f"reward.verifier: LumenRL scores with {DAPO_REWARD}; {recipe.reward.verifier!r} is ours")
     for name, dataset in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
@@ -82,8 +106,10 @@ def recipe_settings(recipe: "Recipe") -> dict[str, Any]:
     """Every LumenRL key the recipe determines: dotted key path -> value (LumenRL's names, LumenRL's units)."""
     r = recipe
     fp8 = r.rollout.weight_format == "fp8_block"
-    evaluates = r.eval.every_steps <= r.steps  # no evaluation inside the run: LumenRL's validation is off
+    val_steps = r.eval.every_steps if r.eval.every_steps <= r.steps else 0  # 0: LumenRL's in-loop validation off
     rollout_gpus = r.rollout.tensor_parallel * r.rollout.num_replicas
+    # LumenRL's streamed Adam needs every optimizer state in host memory and refuses to start otherwise
+    streamed = r.actor.optimizer_cpu_offload and r.actor.optimizer_offload_fraction == 1.0
     settings = {
         "cluster.num_nodes": r.cluster.num_nodes,
         "cluster.gpus_per_node": r.cluster.gpus_per_node,
@@ -106,22 +132,21 @@ def recipe_settings(recipe: "Recipe") -> dict[str, Any]:
         "policy.optimizer_type": "adam",  # the schema's optimizer is Adam(W)
         "policy.learning_rate": r.optim.lr,
         "policy.lr_warmup_steps": r.optim.warmup_steps,
-        "policy.lr_decay_style": r.optim.schedule,
         "policy.weight_decay": r.optim.weight_decay,
         "policy.max_grad_norm": r.optim.grad_clip,
         "policy.adam_beta1": r.optim.betas[0],
         "policy.adam_beta2": r.optim.betas[1],
         "policy.adam_eps": r.optim.eps,
-        "policy.training.optimizer_dtype": r.actor.dtype,  # LumenRL: the forward/backward dtype, as our actor.dtype
         MEGATRON + "tensor_model_parallel_size": r.actor.tensor_parallel,
         MEGATRON + "pipeline_model_parallel_size": r.actor.pipeline_parallel,
         MEGATRON + "expert_model_parallel_size": r.actor.expert_parallel,
         MEGATRON + "expert_tensor_parallel_size": r.actor.expert_tensor_parallel,
-        MEGATRON + "num_experts": r.model.num_routed_experts,
         MEGATRON + "sequence_parallel": r.actor.sequence_parallel,
         MEGATRON + "recompute_granularity": None if r.actor.recompute == "none" else r.actor.recompute,
         MEGATRON + "optimizer_cpu_offload": r.actor.optimizer_cpu_offload,
         MEGATRON + "optimizer_offload_fraction": r.actor.optimizer_offload_fraction,
+        MEGATRON + "streamed_optimizer_mode": "adam" if streamed else "off",
+        MEGATRON + "streamed_optimizer_moment_dtype": r.actor.optimizer_moment_dtype,
         MEGATRON + "num_layers_in_first_pipeline_stage": r.actor.num_layers_in_first_pipeline_stage,
         MEGATRON + "num_layers_in_last_pipeline_stage": r.actor.num_layers_in_last_pipeline_stage,
         VLLM + "tensor_parallel_size": r.rollout.tensor_parallel,
@@ -132,14 +157,12 @@ def recipe_settings(recipe: "Recipe") -> dict[str, Any]:
         VLLM + "max_num_seqs": r.rollout.max_num_seqs,
         VLLM + "max_num_batched_tokens": r.rollout.max_num_batched_tokens,
         VLLM + "enforce_eager": r.rollout.enforce_eager,
-        VLLM + "update_weights_bucket_megabytes": r.weight_sync.bucket_mb,
+        VLLM + "disable_custom_all_reduce": r.rollout.disable_custom_all_reduce,
         VLLM + "temperature": r.rollout.temperature,
         VLLM + "top_p": r.rollout.top_p,
         VLLM + "top_k": r.rollout.top_k,
-        "quantization.rollout.precision": "fp8" if fp8 else "bf16",
         "algorithm.name": "grpo",
         "algorithm.adv_estimator": "grpo",
-        "algorithm.use_kl_in_reward": False,
         "algorithm.loss_agg_mode": r.algorithm.loss_agg_mode,
         "algorithm.clip_ratio_high": r.algorithm.clip_ratio_high,
         "algorithm.grpo.num_generations": r.algorithm.responses_per_prompt,
@@ -149,19 +172,18 @@ def recipe_settings(recipe: "Recipe") -> dict[str, Any]:
                                                         else r.rollout_correction.mode),
         "quantization.rollout_correction.rollout_is_threshold": r.rollout_correction.threshold,
         "moe.r3.enabled": r.routing_replay.enabled,
-        "moe.r3.replay_mode": r.routing_replay.mode,
-        "reward.function": DAPO_REWARD,
         "reward.dataset": r.data.train.path,
         "reward.shuffle_seed": r.seed,
         "val_dataset": r.data.eval.path,
-        "val_steps": r.eval.every_steps if evaluates else 0,
-        "eval.enabled": evaluates,
+        "val_steps": val_steps,
+        # LumenRL has no evaluation before the first update; its EvalCallback evaluates right after it
+        "eval.enabled": r.eval.after_first_update,
         "checkpointing.save_steps": r.checkpoint.every_steps,
         "checkpointing.save_total_limit": r.checkpoint.keep_last,
         "num_training_steps": r.steps,
         "seed": r.seed,
     }
-    if evaluates:
+    if val_steps or r.eval.after_first_update:  # both evaluations sample with the eval.* settings
         settings.update({"eval.num_generations": r.eval.samples_per_problem, "eval.temperature": r.eval.temperature,
                          "eval.top_p": r.eval.top_p})
     return settings
@@ -259,13 +281,23 @@ def write_config(config: dict, path: Path, header: str) -> Path:
 
 def config_notes(recipe: "Recipe") -> list[str]:
     """Where LumenRL will not do what the recipe says, in sentences (printed at launch, kept in the config)."""
-    notes = []
-    if recipe.eval.at_start and recipe.eval.every_steps <= recipe.steps:
-        notes.append("eval.at_start: LumenRL's DeepSeek-V4 trainer validates after every val_steps-th update and "
-                     "never before the first, so the run has no step-0 evaluation")
+    notes = [f"seed={recipe.seed}: LumenRL seeds vLLM and the prompt order from it, but its Megatron trainer always "
+             "from 42 (workers/actor_worker.py:305 reads policy.seed, a key LumenRL's PolicyConfig does not have; "
+             "megatron_lumen_dsv4_engine.py:566, 599), so the trainer's initial randomness is not the recipe's"]
+    if recipe.eval.at_start:
+        notes.append("eval.at_start: LumenRL never evaluates before the first update; with "
+                     "eval.after_first_update its EvalCallback evaluates right after it (logged as step 1)")
+    if recipe.rollout_correction.verl_metrics:
+        notes.append("rollout_correction.verl_metrics: LumenRL logs its own IS statistics only (rollout_corr/*); "
+                     "verl's variants are repro's")
+    if recipe.eval.after_first_update and recipe.steps > 1000:
+        notes.append("eval.at_start: LumenRL's EvalCallback evaluates again after every eval.interval (1000) steps")
     if recipe.eval.every_steps > recipe.steps:
         notes.append(f"eval.every_steps={recipe.eval.every_steps} is beyond the run's {recipe.steps} steps: "
                      "LumenRL's validation is off (val_steps 0)")
+    if recipe.actor.dtype != "bf16":
+        notes.append(f"actor.dtype={recipe.actor.dtype}: LumenRL's DeepSeek-V4 Megatron engine trains in BF16 "
+                     "whatever the config says (megatron_lumen_dsv4_engine.py:742-744, 1016-1017)")
     if not (recipe.lumenrl.actor_node_ips and recipe.lumenrl.rollout_node_ips):
         notes.append("lumenrl.actor_node_ips / rollout_node_ips: unset, so LumenRL places its workers by free GPUs; "
                      "pin them when the trainer and rollout nodes run different images (AMD's -train and -rollout)")

@@ -2,7 +2,9 @@
 
 A LumenRL metrics line (``step=N k=v ...``, see repro/analysis/lumenrl_log.py) becomes the rows our own loop would
 have written for that step: a ``kind: train`` row, and a ``kind: eval`` row when the line carries validation
-(``val-core/...``, merged into the step line by LumenRL's DeepSeek-V4 trainer). Lines are recognised and parsed
+(``val-core/...``, merged into the step line by LumenRL's DeepSeek-V4 trainer); an ``eval step=N ...`` line (its
+EvalCallback, after the first update) becomes a ``kind: eval`` row at step N, with the step line's validation time
+as the parser merges them. Lines are recognised and parsed
 by the any-run parser's own pieces, and keys renamed by the importers' map (``throughput/gen_tok_per_s`` ->
 ``perf/rollout_tokens_per_s``, ``val-core/<source>/acc/mean@8`` -> ``eval/avg@8`` ...), so a run directory streamed
 from LumenRL reads as ``read_lumenrl_log`` reads LumenRL's log file -- tests/test_lumenrl_stream.py holds them equal.
@@ -22,12 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 from repro.analysis.frame import MetricsError, warn_torn_line
-from repro.analysis.importers import EVAL_PREFIXES, canonical_columns
+from repro.analysis.importers import EVAL_PREFIXES, SYNONYMS, canonical_columns
 from repro.analysis.lumenrl_log import METRICS_START, parse_pairs
 from repro.metric_keys import ACCURACY, EVAL_SECONDS, KIND, SCORE, STEP
 from repro.run.metrics_log import MetricsLog
 
 ORIGINS_FILE = "origins.json"  # beside the config: our key -> LumenRL's, for the analysis' notes
+EVAL_TIMING_KEYS = (EVAL_SECONDS, *SYNONYMS[EVAL_SECONDS])  # LumenRL's validation time, on every step line
 
 
 class StreamWarning(UserWarning):
@@ -106,6 +109,9 @@ class MetricsStream:
         self.origins_path = origins_path
         self.origins: dict[str, str] = json.loads(origins_path.read_text()) if origins_path and origins_path.is_file() else {}
         self.zero_based: bool | None = None  # decided by this attempt's first step line
+        # decided by its first 'eval step=N' line: 0-based before LumenRL's fcbe86f (an 'eval step=0' shows it)
+        self.eval_zero_based: bool | None = None
+        self.step_timing: tuple[int, dict[str, float]] = (0, {})  # the last step line's validation time
         self.last_step = 0
         self.rows_written = 0
         self.skipped: list[int] = []
@@ -141,11 +147,16 @@ class MetricsStream:
             return
         step, eval_line = int(match["step"]), bool(match["eval"])
         if eval_line:
-            step += 1  # an EvalCallback's 0-based N: the evaluation after N + 1 updates
+            if self.eval_zero_based is None:  # as the parser decides it (repro.analysis.lumenrl_log)
+                self.eval_zero_based = bool(self.zero_based) or step == 0
+            step += int(self.eval_zero_based)
+            if self.step_timing[0] == step:  # the parser merges a step's lines into one row: the same timing
+                values = {**self.step_timing[1], **values}
         else:
             if self.zero_based is None:
                 self.zero_based = step == 0  # LumenRL before its 1-based logging
             step += int(self.zero_based)
+            self.step_timing = (step, {k: v for k, v in values.items() if k in EVAL_TIMING_KEYS})
         for row in rows_from_metrics(step, values, self.follower.path, eval_line, self.origins):
             self.metrics.append(row)
             self.rows_written += 1

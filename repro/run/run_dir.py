@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+import yaml
+
+from repro.recipes.earlier import EARLIER_CONVENTIONS, fill_earlier_conventions
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
 from repro.data.sampler import PromptSampler
@@ -46,6 +50,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
             f"run dir {run_dir}: {free / 1e9:.2f} GB free, checkpoints need about {need / 1e9:.2f} GB "
             f"({recipe.checkpoint.keep_last} kept + 1 being written, {checkpoint_bytes(recipe) / 1e9:.2f} GB each)"
         )
+    if resume:
+        check_conventions_kept(recipe, run_dir / "recipe.yaml")
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise ReproError(
             f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
@@ -54,6 +60,29 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     for sub in ("logs", "eval", "checkpoints"):
         (run_dir / sub).mkdir(exist_ok=True)
     dump_recipe(recipe, run_dir / "recipe.yaml")
+
+
+def check_conventions_kept(recipe: Recipe, stored_path: Path) -> None:
+    """A run written before a convention became a recipe field ran the earlier convention; resuming it under
+    today's default would change the algorithm halfway. Refuse, naming the ``--set`` that keeps the run as it was."""
+    if not stored_path.is_file():
+        return
+    stored = yaml.safe_load(stored_path.read_text())
+    if not isinstance(stored, dict):
+        return
+    current = recipe.model_dump()
+    changed = []
+    for dotted in fill_earlier_conventions(stored):
+        value = current
+        for part in dotted.split("."):
+            value = value[part]
+        if value != EARLIER_CONVENTIONS[dotted]:
+            changed.append(f"--set {dotted}={'null' if EARLIER_CONVENTIONS[dotted] is None else EARLIER_CONVENTIONS[dotted]}")
+    if changed:
+        raise ReproError(
+            f"run dir {stored_path.parent} was started before these conventions were recipe fields and ran the "
+            f"earlier ones; resume it as it ran with {' '.join(changed)} (or start a new run dir for AMD's)"
+        )
 
 
 def resolve_model_dir(recipe: Recipe) -> Path:

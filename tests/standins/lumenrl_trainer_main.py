@@ -5,8 +5,9 @@ AMD's LumenRL needs its ROCm images and 24 GPUs; it cannot run here. This progra
 resume from). It reads the config repro wrote, then writes what LumenRL writes, in LumenRL's formats as read in its
 source (dev/dsv4-grpo): log records ``%(asctime)s [%(levelname)s] %(name)s: %(message)s`` on stdout, one
 ``step=N k=v ...`` record per step (1-based, keys sorted, ``%.6g``), validation merged into every
-``val_steps``-th step line, Ray ``(Actor pid=...)`` prefixes, progress bars with carriage returns, other messages
-that mention a step; checkpoints ``global_step_N/actor/`` + ``global_step_N/checkpoint_N.pt`` +
+``val_steps``-th step line, an ``EvalCallback`` line ``eval step=N ...`` after the step lines of the trainer's 0-based
+steps 0, interval, ... when ``eval.enabled`` (N = step + 1: callbacks.py:271-277, main.py:115-116), Ray ``(Actor
+pid=...)`` prefixes, progress bars with carriage returns, other messages that mention a step; checkpoints ``global_step_N/actor/`` + ``global_step_N/checkpoint_N.pt`` +
 ``latest_checkpointed_iteration.txt`` every ``save_steps``, pruned to ``save_total_limit``; resume from the
 tracker; ``Training failed.`` and exit 1 on an error; SIGINT -> ``Training interrupted by user.``, exit 0.
 
@@ -41,6 +42,11 @@ def load_config(path, overrides):
     return config
 
 
+def validation(step):
+    return {"val-core/math_dapo/acc/mean@8": 0.30 + 0.01 * step,
+            "val-core/math_dapo/reward/mean@8": 2 * (0.30 + 0.01 * step) - 1}
+
+
 def step_metrics(step, resumed, validate):
     accuracy = 0.40 + 0.005 * step + (0.001 if resumed else 0.0)
     metrics = {
@@ -55,8 +61,7 @@ def step_metrics(step, resumed, validate):
         "actor/grad_norm": 0.25, "actor/lr": 1e-06, "actor/ppo_kl": float("nan"), "loss": 0.01,
     }
     if validate:
-        metrics["val-core/math_dapo/acc/mean@8"] = 0.30 + 0.01 * step
-        metrics["val-core/math_dapo/reward/mean@8"] = 2 * (0.30 + 0.01 * step) - 1
+        metrics.update(validation(step))
     return metrics
 
 
@@ -101,6 +106,8 @@ def main():
     ck = config["checkpointing"]
     root = Path(ck["checkpoint_dir"])
     steps, val_steps = int(config["num_training_steps"]), int(config.get("val_steps") or 0)
+    evaluation = config.get("eval") or {}
+    eval_interval = int(evaluation.get("interval", 1000)) if evaluation.get("enabled") else 0
     log.info("LumenRL starting: algo=%s, model=%s, steps=%d, async=False", config["algorithm"]["name"],
              config["policy"]["model_name"], steps)
     print("NCCL INFO Using network IB", flush=True)
@@ -119,6 +126,10 @@ def main():
             sys.stdout.write("Processed prompts: 100%|##########| 256/256 [03:20<00:00,  1.28it/s]\r"
                              "(TaskRunner pid=4242) ")
             callbacks.info("step=%d %s", step, " ".join(f"{k}={v:.6g}" for k, v in sorted(metrics.items())))
+            if eval_interval and (step - 1) % eval_interval == 0:  # EvalCallback: after the trainer's 0-based step
+                trainer.info("[eval] step=%d acc=%.4f n=240", step, 0.30 + 0.01 * step)
+                callbacks.info("eval step=%d %s", step,
+                               " ".join(f"{k}={v:.6g}" for k, v in sorted(validation(step).items())))
             if step % int(ck["save_steps"]) == 0:
                 save_checkpoint(root, step, int(ck["save_total_limit"]))
             if step == die_after:
