@@ -256,3 +256,22 @@ def test_analysis_notebooks_read_imported_logs_several_at_once(tmp_path):
 def test_unknown_chain_notebook_is_refused(tmp_path):
     with pytest.raises(NotebookError, match="not in the chain"):
         run_chain(tmp_path, notebooks=["99_nope"], log=lambda line: None)
+
+
+@pytest.mark.slow
+def test_notebook_13_draws_kl_by_position_from_a_lumenrl_log_with_the_buckets(tmp_path):
+    """LumenRL (2232f55 on) logs rollout_corr/pos_* every step: notebook 13 tables and draws all five buckets, each
+    equal to repro.analysis's token-weighted mean; a source without them (verl) is named, not drawn."""
+    from repro.analysis import load_sources
+
+    log = DATA / "lumenrl" / "synthetic_positions_75.log"  # synthetic, in LumenRL's console format
+    sources = [f"lumenrl={log}", f"verl={DATA / 'verl' / 'metrics.jsonl'}"]
+    params = {"source": sources, "out_dir": str(tmp_path), "figures_dir": str(tmp_path / "figures")}
+    mm = execute_notebook("13_kl_ess", tmp_path, params)
+    table = summary.mismatch_by_position(load_sources(sources)[0])
+    assert list(table.index) == ["0–127", "128–511", "512–1023", "1024–2047", "2048–4095"]
+    assert set(mm["mismatch_by_position"]) == {"lumenrl"}  # verl logs no buckets
+    for bucket, row in table.iterrows():
+        assert mm["mismatch_by_position"]["lumenrl"][bucket] == {k: pytest.approx(v) for k, v in row.to_dict().items()}
+    assert [Path(p).name for p in mm["position_figures"]] == ["mismatch_by_position.png", "mismatch_by_position.svg"]
+    assert all(Path(p).stat().st_size > 5_000 for p in mm["position_figures"])
