@@ -64,7 +64,10 @@ def _launch(run_dir, model_dir, steps, *extra):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
             "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
-            "eval.at_start=false", "eval.samples_per_problem=1", "checkpoint.every_steps=1"]
+            "eval.at_start=false", "eval.samples_per_problem=1", "checkpoint.every_steps=1",
+            # the check below is the trainer/rollout numerics' agreement: both at the sampling temperature (tiny-cpu's
+            # raw log-probs, AMD's convention, would add the T = 0.8 vs 1 gap to it)
+            "rollout.logprobs_mode=processed"]
     args = ["launch", "--recipe", "tiny-cpu", "--steps", str(steps), "--run-dir", str(run_dir), "--quiet", *extra]
     for item in sets:
         args += ["--set", item]

@@ -53,18 +53,45 @@ def test_prompt_major_order_lengths_and_determinism(engine, baseline):
     assert len({tuple(t.response_ids) for t in baseline.trajectories[:8]}) > 1
 
 
-def test_n8_logprobs_match_hf_fp32_at_the_sampling_temperature(engine, baseline, hf_model):
-    """vLLM's per-token log-probs (BF16 on CPU) equal an HF fp32 recompute of log_softmax(logits / T)."""
-    diffs, raw_diffs = [], []
-    for traj in baseline.trajectories:
-        ref, _ = _hf_logprobs_and_routing(hf_model, traj, temperature=0.8)
+def _logprob_gaps(trajectories, hf_model, reported_at: float, other: float):
+    diffs, other_diffs = [], []
+    for traj in trajectories:
+        ref, _ = _hf_logprobs_and_routing(hf_model, traj, temperature=reported_at)
         diffs.append((ref - traj.logprobs).abs())
-        raw, _ = _hf_logprobs_and_routing(hf_model, traj, temperature=1.0)
-        raw_diffs.append((raw - traj.logprobs).abs())
-    diff, raw_diff = torch.cat(diffs), torch.cat(raw_diffs)
-    print(f"|logprob vLLM bf16 - HF fp32| over {len(diff)} tokens of {len(diffs)} samples: "
-          f"max {diff.max():.4f}, mean {diff.mean():.4f}; against T=1: mean {raw_diff.mean():.4f}")
+        alt, _ = _hf_logprobs_and_routing(hf_model, traj, temperature=other)
+        other_diffs.append((alt - traj.logprobs).abs())
+    return torch.cat(diffs), torch.cat(other_diffs)
+
+
+def test_n8_raw_logprobs_match_hf_fp32_at_temperature_1(engine, baseline, hf_model, recipe):
+    """tiny-cpu follows AMD's run: rollout.logprobs_mode raw, vLLM's default raw_logprobs. vLLM's per-token
+    log-probs (BF16 on CPU) equal an HF fp32 recompute of log_softmax(logits) at T = 1, though sampled at 0.8."""
+    assert recipe.rollout.logprobs_mode == "raw"
+    diff, processed_diff = _logprob_gaps(baseline.trajectories, hf_model, reported_at=1.0, other=0.8)
+    print(f"|logprob vLLM bf16 - HF fp32 at T=1| over {len(diff)} tokens: max {diff.max():.4f}, mean "
+          f"{diff.mean():.4f}; against T=0.8: mean {processed_diff.mean():.4f}")
     # pure BF16 rounding: HF itself in BF16 differs from HF fp32 on this model by max 0.13, mean 0.018
+    assert diff.max() < 0.15 and diff.mean() < 0.03
+    assert processed_diff.mean() > 5 * diff.mean()  # the raw (T = 1) distribution, not the sampled one
+
+
+def test_n8_processed_logprobs_match_hf_fp32_at_the_sampling_temperature(model_dir, recipe, hf_model):
+    """rollout.logprobs_mode processed (vLLM processed_logprobs): the same samples' log-probs under
+    log_softmax(logits / T), the distribution sampled from. A second engine, closed at the end of the test."""
+    from repro.model.tiny_qwen3_moe import EOS_ID
+    from repro.recipes import load_recipe
+    from repro.rollout.vllm_engine import VLLMEngine
+
+    processed = VLLMEngine.from_recipe(load_recipe("tiny-cpu", ["rollout.backend=vllm",
+                                                                "rollout.logprobs_mode=processed"]),
+                                       model_dir, eos_id=EOS_ID)
+    try:
+        result = processed.generate(PROMPTS, SamplingParams(n=8, max_new_tokens=12, temperature=0.8, seed=3))
+    finally:
+        processed.close()
+    diff, raw_diff = _logprob_gaps(result.trajectories, hf_model, reported_at=0.8, other=1.0)
+    print(f"|logprob vLLM bf16 - HF fp32 at T=0.8| over {len(diff)} tokens: max {diff.max():.4f}, mean "
+          f"{diff.mean():.4f}; against T=1: mean {raw_diff.mean():.4f}")
     assert diff.max() < 0.15 and diff.mean() < 0.03
     assert raw_diff.mean() > 5 * diff.mean()  # the temperature-scaled distribution, not the raw (T = 1) one
 

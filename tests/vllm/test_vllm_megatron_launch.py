@@ -21,7 +21,10 @@ def test_launch_runs_megatron_ranks_with_the_vllm_rollout(tmp_path):
     run_dir = tmp_path / "run"
     sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
             "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
-            "rollout.backend=vllm", "eval.at_start=false", "eval.samples_per_problem=1"]
+            "rollout.backend=vllm", "eval.at_start=false", "eval.samples_per_problem=1",
+            # the check below is the trainer/rollout numerics' agreement: both at the sampling temperature (tiny-cpu's
+            # raw log-probs, AMD's convention, would add the T = 0.8 vs 1 gap to it)
+            "rollout.logprobs_mode=processed"]
     args = ["launch", "--recipe", "tiny-cpu", "--steps", "2", "--run-dir", str(run_dir), "--quiet"]
     for item in sets:
         args += ["--set", item]
