@@ -117,8 +117,9 @@ def raw_records(frames: RunFrames, page_dir: Path) -> list[Link]:
     if run_dir is None:
         return [Link(frames.source.name or str(frames.source), _href(frames.source, page_dir),
                      f"the {frames.kind} log this page was made from")]
-    about = ((METRICS_FILE, "one JSON row per step and per evaluation"), ("metrics.parquet", "the same rows as a table"),
-             (RECIPE_FILE, "the resolved recipe"), ("comparison.md", "the run's comparison with AMD as Markdown (repro compare)"))
+    about = ((METRICS_FILE, "one JSON row per step and per evaluation"),
+             ("metrics.parquet", "the same rows as a table"), (RECIPE_FILE, "the resolved recipe"),
+             ("comparison.md", "the run's comparison with AMD as Markdown (repro compare)"))
     links = [Link(name, _href(run_dir / name, page_dir), note) for name, note in about if (run_dir / name).is_file()]
     links += [Link(f"eval/{p.name}", _href(p, page_dir), "per-problem results of one evaluation")
               for p in sorted((run_dir / "eval").glob("*.json"))]

@@ -157,7 +157,8 @@ def test_the_page_of_one_run_holds_its_numbers_figures_notebooks_and_records(run
 
 def test_several_sources_of_different_kinds_on_one_page(tmp_path):
     run = write_synthetic_run(tmp_path / "short", steps=75, seed=2)
-    sources = [str(run), "lumenrl=" + str(DATA / "lumenrl" / "train.log"), "wandb:" + str(DATA / "wandb" / "panel_*.csv")]
+    sources = [str(run), "lumenrl=" + str(DATA / "lumenrl" / "train.log"),
+               "wandb:" + str(DATA / "wandb" / "panel_*.csv")]
     page_path = write_report_page(sources, tmp_path / "out")
     page = Page(page_path.read_text())
     frames = load_sources(sources)
