@@ -10,6 +10,7 @@ figure's column is left out with a line under the figure naming the key; a figur
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
@@ -274,21 +275,29 @@ FIGURES = dict(zip(FIGURE_NAMES, (plot_reward_accuracy, plot_heldout_accuracy, p
                                   plot_train_rollout_mismatch)))
 
 
+def figure_bytes(fig: Figure, ext: str) -> bytes:
+    """The figure as a PNG or SVG file's bytes, without dates or software versions: the same frames give the same
+    bytes, whether saved (``save_figure``) or embedded in the report page."""
+    buffer = io.BytesIO()
+    with styled():
+        fig.savefig(buffer, format=ext, metadata={"png": PNG_METADATA, "svg": SVG_METADATA}[ext])
+    return buffer.getvalue()
+
+
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write NAME.png and NAME.svg; each goes to a temp file first and is renamed, so a reader never sees half."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    with styled():
-        for ext, metadata in (("png", PNG_METADATA), ("svg", SVG_METADATA)):
-            final = out_dir / f"{name}.{ext}"
-            tmp = out_dir / f".{name}.{ext}.tmp"
-            try:
-                fig.savefig(tmp, format=ext, metadata=metadata)
-                os.replace(tmp, final)
-            finally:
-                tmp.unlink(missing_ok=True)
-            written.append(final)
+    for ext in ("png", "svg"):
+        final = out_dir / f"{name}.{ext}"
+        tmp = out_dir / f".{name}.{ext}.tmp"
+        try:
+            tmp.write_bytes(figure_bytes(fig, ext))
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        written.append(final)
     return written
 
 

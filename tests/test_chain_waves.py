@@ -66,3 +66,23 @@ def test_a_failure_is_raised_after_its_wave_and_stops_the_next(monkeypatch, tmp_
         run_chain(tmp_path, "tiny-cpu", 2, in_process=True, log=lines.append)
     assert set(spans) == {"00_cluster_check", "01_fp8_conversion"}  # 00 finished; 02 never started
     assert "[00_cluster_check] done in" in "\n".join(lines)
+
+
+def test_the_report_page_is_the_chains_last_step(monkeypatch, tmp_path):
+    from repro.analysis.synthetic import write_synthetic_run
+
+    spans = _recording_executor(monkeypatch)
+    run_dir = write_synthetic_run(tmp_path / "run", steps=10, seed=1)  # what 03 leaves; the recorder writes nothing
+    lines = []
+    result = run_chain(run_dir, "tiny-cpu", 2, in_process=True, notebooks=["20_compare_to_amd"], log=lines.append)
+    assert set(spans) == {"20_compare_to_amd"}
+    assert result.page == run_dir / "report" / "index.html" and result.page.is_file()
+    assert lines[-1] == f"[report] done in {result.page_seconds:.1f} s -> {result.page}"
+    assert f"report page        {result.page}" in result.describe()
+    assert "tiny-cpu: comparison with AMD" in result.page.read_text()
+
+    lines.clear()  # a chain that made no run (00 alone) has no page to write, and says so
+    result = run_chain(tmp_path / "empty", "tiny-cpu", 2, in_process=True, notebooks=["00_cluster_check"],
+                       log=lines.append)
+    assert result.page is None and lines[-1] == f"[report] skipped: no metrics.jsonl in {tmp_path / 'empty'}"
+    assert "report page" not in result.describe()

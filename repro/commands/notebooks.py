@@ -1,7 +1,8 @@
 """`repro notebooks [--recipe R] [--run-dir DIR] [--steps N]`: the notebook chain 00 -> 20 with papermill.
 
 Executed notebooks (and each one's recorded results JSON) go to RUN_DIR/notebooks/, figures (PNG + SVG) to
---figures, the comparison report to RUN_DIR/comparison.md. A failing notebook stops the chain naming the
+--figures, the comparison report to RUN_DIR/comparison.md and, last, the report page to RUN_DIR/report/index.html
+(as `repro report RUN_DIR` writes it). A failing notebook stops the chain naming the
 notebook and the cell; its executed copy holds the traceback.
 """
 

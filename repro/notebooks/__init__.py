@@ -12,7 +12,8 @@ The chain (``repro notebooks``, ``make repro``)::
         -> 10_reward_by_phase -> 11_aime -> 12_throughput -> 13_kl_ess -> 20_compare_to_amd
 
 writes the executed notebooks to ``<run_dir>/notebooks/``, the figures (PNG + SVG) to ``figures_dir`` and
-the report to ``<run_dir>/comparison.md``. A notebook missing from ``notebooks/`` is skipped with a note; a
+the report to ``<run_dir>/comparison.md``, and last the report page ``<run_dir>/report/index.html``
+(repro.report_page). A notebook missing from ``notebooks/`` is skipped with a note; a
 failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
 
 Modules: ``execution`` (papermill, recorded results, the kernel), ``parameters`` (each notebook's first call:

@@ -26,6 +26,8 @@ class ChainResult:
     notebooks_dir: Path
     figures_dir: Path
     report: Path
+    page: Path | None = None  # the report page (index.html), the chain's last step; None when there was no run
+    page_seconds: float = 0.0
     results: dict[str, dict] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
@@ -43,6 +45,8 @@ class ChainResult:
         lines += [f"    {name:<20} {self.seconds[name]:7.1f} s" for name in self.results]
         lines += [f"  figures            {self.figures_dir}/ (PNG + SVG)",
                   f"  comparison report  {self.report}"]
+        if self.page is not None:
+            lines.append(f"  report page        {self.page} ({self.page_seconds:.1f} s)")
         if self.skipped:
             lines.append(f"  skipped (not in notebooks/): {', '.join(self.skipped)}")
         return "\n".join(lines)
@@ -123,8 +127,24 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
             else:
                 run.finish(wave, [pool.submit(run.one, name) for name in wave])
     result.results = {name: result.results[name] for name in CHAIN if name in result.results}
+    write_page(result, log)
     result.wall_seconds = time.perf_counter() - started
     return result
+
+
+def write_page(result: ChainResult, log: Callable[[str], None]) -> None:
+    """The chain's last step: the run's report page, from its log and the notebooks just executed. A chain that
+    left no run (``--only 00_cluster_check``) has nothing to report and says so."""
+    from repro.analysis.frame import METRICS_FILE
+    from repro.report_page import REPORT_DIR, write_report_page
+
+    if not (result.run_dir / METRICS_FILE).is_file():
+        log(f"[report] skipped: no {METRICS_FILE} in {result.run_dir}")
+        return
+    started = time.perf_counter()
+    result.page = write_report_page(result.run_dir, result.run_dir / REPORT_DIR)
+    result.page_seconds = time.perf_counter() - started
+    log(f"[report] done in {result.page_seconds:.1f} s -> {result.page}")
 
 
 def _present(name: str, result: ChainResult, log: Callable[[str], None]) -> bool:
