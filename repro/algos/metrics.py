@@ -124,17 +124,23 @@ def _raw_unit_log_weights(old, roll, mask, level: str) -> torch.Tensor:
     return lr[mask > 0]
 
 
+def _weighting(logp_old, logp_rollout, response_mask, mode, threshold, threshold_lower):
+    """Checked float64 inputs, the weights' level ("token"/"sequence") and the lower bound (1/C unless given)."""
+    if mode not in ROLLOUT_IS_MODES:
+        raise AlgoShapeError(f"mode must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
+    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
+    level = "sequence" if mode.startswith("sequence") else "token"
+    return old, roll, mask, level, 1.0 / threshold if threshold_lower is None else threshold_lower
+
+
 def is_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor,
                mode: RolloutISMode = "token", threshold: float = 2.0,
                threshold_lower: float | None = None) -> dict[str, float]:
     """LumenRL's IS-weight statistics (module docstring), unprefixed keys; {} for mode ``none``. Inputs [B, T]."""
-    if mode not in ROLLOUT_IS_MODES:
-        raise AlgoShapeError(f"mode must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
-    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
     if mode == "none":
+        _checked(logp_old, logp_rollout, response_mask)
         return {}
-    level = "sequence" if mode.startswith("sequence") else "token"
-    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
+    old, roll, mask, level, lower = _weighting(logp_old, logp_rollout, response_mask, mode, threshold, threshold_lower)
     weights = rollout_is_weights(old, roll, mask, mode, threshold, threshold_lower).weights
     unit_log_w = _raw_unit_log_weights(old, roll, mask, level)
     valid = mask > 0
@@ -165,13 +171,10 @@ def verl_is_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response
                     threshold_lower: float | None = None) -> dict[str, float]:
     """verl's IS-weight statistics (raw weights; std and ESS of the weights clamped to [lower, C]), unprefixed
     keys; {} for mode ``none``. Inputs [B, T]."""
-    if mode not in ROLLOUT_IS_MODES:
-        raise AlgoShapeError(f"mode must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
-    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
     if mode == "none":
+        _checked(logp_old, logp_rollout, response_mask)
         return {}
-    level = "sequence" if mode.startswith("sequence") else "token"
-    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
+    old, roll, mask, level, lower = _weighting(logp_old, logp_rollout, response_mask, mode, threshold, threshold_lower)
     w_tok = torch.exp(clamped_log_ratio(old, roll, mask, level))
     unit_log_w = _raw_unit_log_weights(old, roll, mask, level)
     unit_w = torch.exp(unit_log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND))

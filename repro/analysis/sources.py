@@ -185,7 +185,7 @@ def resolve_source_parameter(value, default) -> list[str]:
 def notebook_sources(name: str, value, *, quiet: bool = False, **options) -> list[RunFrames]:
     """What an analysis notebook's first cell calls after ``notebook_setup``: its ``source`` parameter (one source
     or a list) resolved as ``notebook_setup`` resolves paths, loaded, and each printed with what it holds."""
-    from repro.notebooks import declared_parameters
+    from repro.notebooks.parameters import declared_parameters
 
     resolved = resolve_source_parameter(value, declared_parameters(name).get("source"))
     loaded = load_sources(resolved, **options)
