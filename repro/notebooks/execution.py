@@ -147,6 +147,8 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     from papermill.exceptions import PapermillExecutionError
     from traitlets.config import Config
 
+    from repro.notebooks.kernel import ReproKernelManager
+
     source = notebook_path(name)
     if not source.is_file():
         raise NotebookError(f"notebook {name}: {source} not found")
@@ -164,7 +166,7 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
         pm.execute_notebook(
             str(source), str(executed), parameters=_jsonable(parameters or {}),
             kernel_name=kernel_name or venv_kernel_name(), cwd=str(cwd or repro.REPO_DIR),
-            progress_bar=False, log_output=log_output,
+            progress_bar=False, log_output=log_output, kernel_manager_class=ReproKernelManager,
             # the kernel talks to us over local IPC sockets, not TCP on an open port (and ipykernel then does not
             # warn, once per notebook, that TCP is unencrypted); sockets in a folder of its own, as jupyter_client
             # numbers them from a fixed name and two notebooks may run side by side (the chain's waves)
