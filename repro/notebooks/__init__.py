@@ -12,8 +12,10 @@ The chain (``repro notebooks``, ``make repro``)::
         -> 10_reward_by_phase -> 11_aime -> 12_throughput -> 13_kl_ess -> 20_compare_to_amd
 
 writes the executed notebooks to ``<run_dir>/notebooks/``, the figures (PNG + SVG) to ``figures_dir`` and
-the report to ``<run_dir>/comparison.md``. A notebook missing from ``notebooks/`` is skipped with a note; a
-failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
+the report to ``<run_dir>/comparison.md``. A notebook missing from ``notebooks/`` is skipped with a note, and a
+chain that finds none of its notebooks fails naming where it looked (a wheel carries them as package data,
+``repro/notebook_files/``, see setup.py); a failing one stops the chain with a :class:`NotebookError` naming the
+notebook and the cell.
 
 Modules: ``execution`` (papermill, recorded results, the kernel), ``parameters`` (each notebook's first call:
 its parameters checked and its paths resolved), ``chain`` (the chain ``make repro`` runs).
