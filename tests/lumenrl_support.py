@@ -13,6 +13,7 @@ facts below. It lets tests run repro's side of the seam end to end on a CPU.
 """
 
 import shutil
+import signal
 from pathlib import Path
 
 import yaml
@@ -148,3 +149,10 @@ def standin_overrides(checkout: Path, inputs: Path, steps: int, save_every: int,
     return ["engine=lumenrl", f"lumenrl.path={checkout}", f"model.path={model}", f"data.train.path={train}",
             f"data.eval.path={held_out}", f"steps={steps}",
             f"checkpoint.every_steps={save_every}", f"eval.every_steps={eval_every}"]
+
+
+def sigint_ignored(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT: bit SIGINT-1 of the SigIgn mask in /proc/<pid>/status (Linux)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(line.split()[1] for line in status if line.startswith("SigIgn:"))
+    return bool(int(mask, 16) >> (signal.SIGINT - 1) & 1)

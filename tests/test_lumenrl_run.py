@@ -6,6 +6,7 @@ tracker. What is tested is our side: the config we write, the process group we s
 the checkpoint we resume from.
 """
 
+import json
 import os
 import pickle
 import signal
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 import repro
-from lumenrl_support import make_standin_checkout, standin_overrides
+from lumenrl_support import make_standin_checkout, sigint_ignored, standin_overrides
 from repro.lumenrl import launch
 from repro.errors import RecipeError, ReproError
 from repro.lumenrl.launch import LumenRLError
@@ -46,6 +47,22 @@ def no_unpickling(monkeypatch):
 
     for module, name in ((torch, "load"), (pickle, "load"), (pickle, "loads")):
         monkeypatch.setattr(module, name, refuse)
+
+
+@pytest.fixture(params=["inherited", "ignored"])
+def parent_sigint(request):
+    """This process's SIGINT as pytest found it, or ignored, as `make test &` and `nohup make test &` leave it:
+    an ignored signal stays ignored in every child, so LumenRL would never see the SIGINT that stops it cleanly.
+    Yields whether this process ignores SIGINT now (read back from /proc, so the "ignored" case cannot be vacuous)."""
+    if request.param == "inherited":
+        yield sigint_ignored(os.getpid())
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert sigint_ignored(os.getpid())
+        yield True
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _recipe(checkout, tmp_path, *extra, steps=8):
@@ -140,10 +157,11 @@ def _start(checkout, tmp_path, name, **env):
     return process
 
 
-def test_stop_interrupts_lumenrls_group_only_and_escalates_when_ignored(standin):
+def test_stop_interrupts_lumenrls_group_only_and_escalates_when_ignored(standin, parent_sigint):
     checkout, tmp_path = standin
     process = _start(checkout, tmp_path, "polite")
     assert os.getpgid(process.pid) == process.pid != os.getpgid(0)  # its own group: our signals never reach us
+    assert not sigint_ignored(process.pid)  # whatever we inherited (the launcher exec'd LumenRL in place)
     assert process.stop(grace_s=20) == ["SIGINT"]
     assert process.poll() == 0 and "Training interrupted by user." in (tmp_path / "polite.log").read_text()
     stubborn = _start(checkout, tmp_path, "stubborn", LUMENRL_STANDIN_IGNORE_SIGNALS="1")
@@ -151,11 +169,12 @@ def test_stop_interrupts_lumenrls_group_only_and_escalates_when_ignored(standin)
     assert stubborn.poll() == -signal.SIGKILL and not stubborn.group_alive()
 
 
-def test_a_group_an_earlier_launch_left_is_ended_by_pid_and_start_time_only(standin):
+def test_a_group_an_earlier_launch_left_is_ended_by_pid_and_start_time_only(standin, parent_sigint):
     checkout, tmp_path = standin
     process = _start(checkout, tmp_path, "left")
     record = tmp_path / "process.json"
     launch.record_process(record, process)
+    assert json.loads(record.read_text())["command"][:3] == [sys.executable, "-u", "-m"]  # LumenRL's, not the launcher's
     ended = launch.end_recorded_process(record, grace_s=20)
     assert ended.startswith(f"{process.pid} (") and process.popen.wait(timeout=20) == 0 and not record.exists()
     # a record whose start time does not match (a recycled pid: here, this very test process) touches nothing
@@ -163,7 +182,7 @@ def test_a_group_an_earlier_launch_left_is_ended_by_pid_and_start_time_only(stan
     assert launch.end_recorded_process(record) is None and not record.exists()
 
 
-def test_our_failure_mid_run_stops_lumenrl(standin):
+def test_our_failure_mid_run_stops_lumenrl(standin, parent_sigint):
     checkout, tmp_path = standin
     recipe = _recipe(checkout, tmp_path, steps=200)
 

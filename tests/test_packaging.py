@@ -1,13 +1,17 @@
 """Packaging: ranges in pyproject.toml, the laptop's exact versions in constraints/laptop.txt, and every install
 path (make's three venvs, environment.yml) taking its versions from that one lock. CI calls `make test`."""
 
+import ast
+import json
 import re
+import sys
 import tomllib
-from importlib.metadata import version
+from importlib.metadata import packages_distributions, version
 
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from repro import REPO_DIR
@@ -106,3 +110,46 @@ def test_the_tiny_recipe_states_the_lock_as_its_cluster_versions():
     amd = load_recipe("amd-dsv4-flash-mi308x").cluster.versions
     assert (amd.python, amd.ray, amd.transformers) == (IMAGE_PYTHON, IMAGE_VERSIONS["ray"], IMAGE_VERSIONS["transformers"])
     assert IMAGE_VERSIONS["torch"].startswith(amd.torch + "+")
+
+
+# Imported only inside the functions of an optional backend or check, each with its own install path
+OPTIONAL_IMPORTS = {"megatron": "make test-megatron's venv", "vllm": "make test-vllm's venv",
+                    "math_verify": "reward.verifier=math_verify, which names the package when it is missing"}
+
+
+def _imported_top_level_modules() -> dict[str, str]:
+    """{top-level module: a file importing it} over repro/ and the notebooks' code cells (read with ast)."""
+    sources = [(str(p.relative_to(REPO_DIR)), p.read_text()) for p in sorted((REPO_DIR / "repro").rglob("*.py"))]
+    for notebook in sorted((REPO_DIR / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            if cell["cell_type"] == "code":  # IPython's %magics and !shell lines are not Python
+                lines = "".join(cell["source"]).splitlines()
+                sources.append((notebook.name, "\n".join(l for l in lines if not l.lstrip().startswith(("%", "!")))))
+    found = {}
+    for where, text in sources:
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name.split(".")[0], where)
+    return found
+
+
+def test_every_package_repro_or_its_notebooks_import_is_declared():
+    """psutil, jupyter_client, traitlets and IPython used to arrive only through ipykernel/papermill."""
+    declared = {canonicalize_name(name) for name in _requirements()}
+    to_dist = packages_distributions()
+    imported = _imported_top_level_modules()
+    assert {"psutil", "jupyter_client", "traitlets", "IPython", "torch"} <= set(imported)  # the scan sees them
+    undeclared = {}
+    for module, where in imported.items():
+        if module in sys.stdlib_module_names or module == "repro" or module in OPTIONAL_IMPORTS:
+            continue
+        dists = {canonicalize_name(d) for d in to_dist.get(module, [])}
+        if not dists & declared:
+            undeclared[module] = (where, sorted(dists) or "no installed distribution")
+    assert undeclared == {}, f"imported but not in pyproject's dependencies: {undeclared}"

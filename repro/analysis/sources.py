@@ -208,9 +208,9 @@ def describe(frames: RunFrames) -> str:
 def default_output_dir(sources: list[RunFrames]) -> Path:
     """Where outputs go when not told: the first source's run directory for a repro run, else runs/compare/ of the
     project (an export's folder is someone else's)."""
-    from repro import REPO_DIR
+    from repro.paths import project_path
 
     first = sources[0]
     if first.kind == "repro" and first.recipe is not None:
         return first.source.parent
-    return REPO_DIR / "runs" / "compare"
+    return project_path("runs/compare")

@@ -14,7 +14,8 @@ What the script does, and what we do instead (read in the script on branch dev/d
 - it patches the image's flash-attn wrapper file in place: we do not edit the image (docs/cluster-walkthrough.md).
 
 Stopping: SIGINT first (LumenRL's ``main`` turns it into ``trainer.cleanup()``, which shuts its vLLM replicas down),
-then SIGTERM, then SIGKILL, each after a grace period, always to LumenRL's group only.
+then SIGTERM, then SIGKILL, each after a grace period, always to LumenRL's group only. LumenRL starts with SIGINT at its
+default even where we were started with it ignored (``nohup ... &``): see repro/child_signals.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from repro.child_signals import with_default_sigint
 from repro.errors import ReproError
 
 if TYPE_CHECKING:
@@ -124,7 +126,10 @@ def command_script(command: list[str], env: dict[str, str], cwd: Path) -> str:
     """A bash script that starts LumenRL by hand exactly as a run did (kept as lumenrl/command.sh)."""
     lines = ["#!/usr/bin/env bash", "# LumenRL as repro started it; rerun by hand from the Ray head.", "set -euo pipefail"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines += [f"cd {shlex.quote(str(cwd))}", shlex.join(command)]
+    lines += [f"cd {shlex.quote(str(cwd))}",
+              "# through a launcher that sets SIGINT to its default (`nohup ... &` starts it ignored, and SIGINT is",
+              "# what makes LumenRL clean up): see repro/child_signals.py",
+              shlex.join(with_default_sigint(command))]
     return "\n".join(lines) + "\n"
 
 
@@ -145,6 +150,7 @@ class LumenRLProcess:
 
     popen: subprocess.Popen
     log: Path
+    command: list[str]  # LumenRL's, without the launcher it is started through
 
     @property
     def pid(self) -> int:
@@ -192,12 +198,13 @@ def stop_group(pgid: int, grace_s: float, done) -> list[str]:
 
 
 def start_lumenrl(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> LumenRLProcess:
-    """Start LumenRL with stdout and stderr appended to ``log`` (one file, as the script's ``> $LOG 2>&1``)."""
+    """Start LumenRL with stdout and stderr appended to ``log`` (one file, as the script's ``> $LOG 2>&1``), SIGINT
+    at its default whatever we inherited (the launcher execs LumenRL in place: its pid is the group's)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        popen = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    return LumenRLProcess(popen, log)
+        popen = subprocess.Popen(with_default_sigint(command), cwd=cwd, env={**os.environ, **env}, stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return LumenRLProcess(popen, log, list(command))
 
 
 def record_process(path: Path, process: LumenRLProcess) -> None:
@@ -206,7 +213,7 @@ def record_process(path: Path, process: LumenRLProcess) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps({"pid": process.pid, "create_time": psutil.Process(process.pid).create_time(),
-                               "command": process.popen.args}, indent=1))
+                               "command": process.command}, indent=1))
     tmp.replace(path)
 
 

@@ -13,8 +13,9 @@ The chain (``repro notebooks``, ``make repro``)::
 
 writes the executed notebooks to ``<run_dir>/notebooks/``, the figures (PNG + SVG) to ``figures_dir`` and
 the report to ``<run_dir>/comparison.md``, and last the report page ``<run_dir>/report/index.html``
-(repro.report_page). A notebook missing from ``notebooks/`` is skipped with a note; a
-failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
+(repro.report_page). A notebook missing from ``notebooks/`` is skipped with a note, and a chain that finds none of
+its notebooks fails naming where it looked (a wheel carries them as package data, ``repro/notebook_files/``, see
+setup.py); a failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
 
 Modules: ``execution`` (papermill, recorded results, the kernel), ``parameters`` (each notebook's first call:
 its parameters checked and its paths resolved), ``chain`` (the chain ``make repro`` runs).

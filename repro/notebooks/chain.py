@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from repro.notebooks.execution import NotebookError, execute_notebook, notebook_parameters, notebook_path, venv_kernel_name
+from repro.notebooks.execution import (
+    CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, execute_notebook, notebook_parameters,
+    notebook_path, venv_kernel_name,
+)
 
 # The chain in waves: no notebook reads what another of its wave writes, so a wave's notebooks run side by side
 # (``parallel`` at a time); each wave starts when the one before has finished. The runs (02, 03) own the cores.
@@ -48,7 +51,7 @@ class ChainResult:
         if self.page is not None:
             lines.append(f"  report page        {self.page} ({self.page_seconds:.1f} s)")
         if self.skipped:
-            lines.append(f"  skipped (not in notebooks/): {', '.join(self.skipped)}")
+            lines.append(f"  skipped (not in {NOTEBOOKS_DIR}): {', '.join(self.skipped)}")
         return "\n".join(lines)
 
 
@@ -96,15 +99,22 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
     if parallel < 1:
         raise NotebookError(f"parallel must be at least 1, got {parallel}")
     started = time.perf_counter()
-    run_dir = Path(run_dir)
+    # absolute before they reach a notebook: the kernel resolves a relative path against its own folder, and a path
+    # equal to a notebook's default against the project root, neither of which need be this working directory
+    run_dir = Path(run_dir).absolute()
     overrides = list(overrides)
-    figures_dir = Path(figures_dir) if figures_dir else run_dir / "figures"
+    figures_dir = Path(figures_dir).absolute() if figures_dir else run_dir / "figures"
     notebooks_dir = run_dir / "notebooks"
     wanted = set(CHAIN if notebooks is None else notebooks) - set(skip)
     unknown = wanted - set(CHAIN)
     if unknown:
         raise NotebookError(f"not in the chain: {', '.join(sorted(unknown))} (chain: {', '.join(CHAIN)})")
     result = ChainResult(run_dir, notebooks_dir, figures_dir, run_dir / "comparison.md")
+    if wanted and not any(notebook_path(name).is_file() for name in wanted):
+        raise NotebookError(
+            f"no notebook of the chain found: looked for {', '.join(n + '.ipynb' for n in CHAIN if n in wanted)} in "
+            f"{PACKAGED_NOTEBOOKS} (an installed repro's) and in {CHECKOUT_NOTEBOOKS} (a checkout's); reinstall "
+            "repro, or run it from a checkout")
     log(f"warm start: {ensure_model(recipe, overrides)}")
     kernel = venv_kernel_name()
     waves = [[name for name in wave if name in wanted and _present(name, result, log)] for wave in WAVES]

@@ -14,7 +14,11 @@ from typing import Any
 import repro
 from repro.errors import ReproError
 
-NOTEBOOKS_DIR = repro.REPO_DIR / "notebooks"
+# Where the notebooks are: installed with the package (a wheel carries notebooks/ as repro/notebook_files/, see
+# setup.py), else the checkout's notebooks/ (a checkout or an editable install, where JupyterLab edits them).
+PACKAGED_NOTEBOOKS = repro.PACKAGE_DIR / "notebook_files"
+CHECKOUT_NOTEBOOKS = repro.REPO_DIR / "notebooks"
+NOTEBOOKS_DIR = PACKAGED_NOTEBOOKS if PACKAGED_NOTEBOOKS.is_dir() else CHECKOUT_NOTEBOOKS
 RESULTS_SUFFIX = ".results.json"
 
 
@@ -147,6 +151,9 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     from papermill.exceptions import PapermillExecutionError
     from traitlets.config import Config
 
+    from repro.notebooks.kernel import ReproKernelManager
+    from repro.paths import project_root
+
     source = notebook_path(name)
     if not source.is_file():
         raise NotebookError(f"notebook {name}: {source} not found")
@@ -163,8 +170,8 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     try:
         pm.execute_notebook(
             str(source), str(executed), parameters=_jsonable(parameters or {}),
-            kernel_name=kernel_name or venv_kernel_name(), cwd=str(cwd or repro.REPO_DIR),
-            progress_bar=False, log_output=log_output,
+            kernel_name=kernel_name or venv_kernel_name(), cwd=str(cwd or project_root()),
+            progress_bar=False, log_output=log_output, kernel_manager_class=ReproKernelManager,
             # the kernel talks to us over local IPC sockets, not TCP on an open port (and ipykernel then does not
             # warn, once per notebook, that TCP is unencrypted); sockets in a folder of its own, as jupyter_client
             # numbers them from a fixed name and two notebooks may run side by side (the chain's waves)
