@@ -13,13 +13,13 @@ from __future__ import annotations
 import shutil
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.recipes.schema import Recipe
-from repro.run.checkpoints import Checkpoint, latest_checkpoint
+from repro.run.checkpoints import Checkpoint, incomplete_checkpoints, latest_checkpoint
 from repro.run.state import Progress, no_progress
 
 SMOKE_STEPS = 3  # AMD's smoke test: three optimizer steps before the long run
@@ -46,15 +46,17 @@ class RunPlan:
     finished: bool               # resuming a run whose newest checkpoint is already at the recipe's last step
     kept_rows: list[dict]        # train rows of the log up to that checkpoint (a live plot's earlier points)
     dropped_steps: list[int]     # train steps logged after that checkpoint: dropped, then recomputed
+    ignored: list[str] = field(default_factory=list)  # checkpoint folders a resume does not use, each with why
 
     def describe(self) -> str:
         if self.finished:
             return f"{self.run_dir}: the run is finished (checkpoint step {self.checkpoint.step}); nothing to do"
         if not self.resume:
             return f"{self.run_dir}: a new run" + (" (the old one deleted first)" if self.fresh else "")
+        ignored = "".join(f"; not complete, so not used: {note}" for note in self.ignored)
         if self.checkpoint is None:
-            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0"
-        note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path})"
+            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0{ignored}"
+        note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path}){ignored}"
         if self.dropped_steps:
             first, last = self.dropped_steps[0], self.dropped_steps[-1]
             note += (f"; step {first} logged after it is dropped and recomputed" if first == last else
@@ -78,12 +80,13 @@ def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"]
         return RunPlan(run_dir, False, True, None, False, [], [])
     resume = log.exists() if resume == "auto" else bool(resume)
     checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    ignored = incomplete_checkpoints(run_dir / "checkpoints") if resume else []
     if checkpoint is None:
-        return RunPlan(run_dir, resume, False, None, False, [], [])
+        return RunPlan(run_dir, resume, False, None, False, [], [], ignored)
     rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
     return RunPlan(run_dir, True, False, checkpoint, checkpoint.step >= recipe.steps,
                    [r for r in rows if r["step"] <= checkpoint.step],
-                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}))
+                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}), ignored)
 
 
 def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
