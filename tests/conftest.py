@@ -12,3 +12,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def fault_baseline(tmp_path_factory):
+    """The uninterrupted 10-step run of tests/run_faults_support.FAULT_RUN (in this process: the same numbers as
+    on Ray) that the fault tests compare with; returns its log's rows."""
+    from run_faults_support import BASELINE_STEPS, FAULT_RUN, log_rows
+
+    from repro.recipes import load_recipe
+    from repro.run.start import run_recipe
+
+    run_dir = tmp_path_factory.mktemp("fault-baseline")
+    run_recipe(load_recipe("tiny-cpu", FAULT_RUN, steps=BASELINE_STEPS), run_dir, in_process=True)
+    return log_rows(run_dir)
