@@ -3,11 +3,14 @@
 The recipe is test_loop_resume's SMALL made cheaper (4 prompts, one sample per held-out problem); evaluations and
 checkpoints every 2 steps, so a run of N steps logs exactly the first rows of the 10-step baseline's log (no
 number depends on the run's length), and a fault at an odd step resumes from the checkpoint just before it.
+Every run of these tests uses one torch thread (``CLI_ENV`` for a command started as a process), as the baseline
+does (tests/conftest.py ``fault_baseline``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +19,7 @@ FAULT_RUN = [
     "checkpoint.every_steps=2", "checkpoint.keep_last=2",
 ]
 BASELINE_STEPS = 10
+CLI_ENV = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
 # The keys measured in seconds (or derived from them): a resumed run recomputes every other number bit for bit.
 WALL_CLOCK = ("timing_s/", "perf/rollout_tokens_per_s", "weight_sync/gbps", "weight_sync/seconds")
 

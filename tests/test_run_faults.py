@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from run_faults_support import FAULT_RUN, log_rows, numbers
+from run_faults_support import CLI_ENV, FAULT_RUN, log_rows, numbers
 
 from repro.errors import CheckpointError, ReproError, WorkerError
 from repro.recipes import load_recipe
@@ -28,6 +28,11 @@ from repro.run.restarts import Restarts, RunStopped, StepFailed
 from repro.run.start import plan_run, run_recipe
 
 STEPS = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    """One torch thread, as the baseline's (tests/conftest.py fault_baseline)."""
 
 
 def recipe(*extra: str):
@@ -143,6 +148,7 @@ def test_a_checkpoint_whose_files_do_not_match_its_marker_is_not_taken_for_compl
 
 
 # -- whole runs ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_full_disk_while_appending_a_row_then_while_writing_a_checkpoint_and_resume_loses_nothing(
         tmp_path, fault_baseline):
     """RLIMIT_FSIZE set from the progress callback: after step 3's row, the next line (step 4's) does not fit;
@@ -203,13 +209,14 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_driver_killed_while_writing_a_checkpoint_then_resume_uses_the_one_before(tmp_path, fault_baseline):
     script = tmp_path / "kill_in_checkpoint.py"
     script.write_text(KILL_IN_CHECKPOINT)
     run_dir = tmp_path / "run"
     args = [sys.executable, str(script), "run", "--in-process", "--quiet", "--run-dir", str(run_dir),
             "--steps", str(STEPS)] + [a for o in FAULT_RUN for a in ("--set", o)]
-    killed = subprocess.run(args, env=dict(os.environ, RAY_AUTH_MODE="disabled"), capture_output=True, text=True,
+    killed = subprocess.run(args, env=CLI_ENV, capture_output=True, text=True,
                             timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     checkpoints = run_dir / "checkpoints"
@@ -227,10 +234,11 @@ def test_driver_killed_while_writing_a_checkpoint_then_resume_uses_the_one_befor
     assert numbers(rows) == numbers(fault_baseline, STEPS)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_run_directory_in_use_fails_at_once_naming_the_first(tmp_path, fault_baseline):
     args = [sys.executable, "-m", "repro", "run", "--in-process", "--quiet", "--run-dir", str(tmp_path),
             "--steps", str(STEPS)] + [a for o in FAULT_RUN for a in ("--set", o)]
-    first = subprocess.Popen(args, env=dict(os.environ, RAY_AUTH_MODE="disabled"), stdout=subprocess.DEVNULL,
+    first = subprocess.Popen(args, env=CLI_ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     lock = tmp_path / "run.lock"
     deadline = time.time() + 300
@@ -279,6 +287,7 @@ def test_restarts_are_granted_only_for_a_death_within_the_limit_and_never_for_th
         restarts.allow(_died(5), workers, hint)
 
 
+@pytest.mark.slow
 def test_a_death_that_repeats_at_the_same_step_stops_after_one_restart_and_resume_loses_nothing(
         tmp_path, fault_baseline, monkeypatch):
     """A stand-in death (the loop's rollout call raises a dead worker's error at step 3, every time): what Ray
