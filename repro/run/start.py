@@ -5,7 +5,8 @@
 It checks what can fail before any worker starts (the run directory, the data and model paths, a run that is
 already finished), starts the two groups -- in this process, or as Ray actors placed by the recipe's plan --
 times their start-up as the run's warm-up (so it is not booked to the first evaluation), opens or resumes the
-run, trains, writes the parquet copy of the log, and always releases what it started.
+run, trains, writes the parquet copy of the log, and always releases what it started. The run directory is locked
+for the call; a failure names its step (``repro.run.restarts``), and a worker's death may restart both groups.
 """
 
 from __future__ import annotations
