@@ -121,7 +121,8 @@ def test_a_checkpoint_that_does_not_fit_is_removed_and_the_previous_one_stands(t
         assert f"its temp folder {folder / 'checkpoints' / '.tmp-step_000004'} is removed" in message
         assert message.endswith(f"the newest complete checkpoint is {first.path}")
         assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["step_000002"]
-        assert latest_checkpoint(folder / "checkpoints") == first and incomplete_checkpoints(folder / "checkpoints") == []
+        assert latest_checkpoint(folder / "checkpoints") == first
+        assert incomplete_checkpoints(folder / "checkpoints") == []
 
 
 @contextmanager

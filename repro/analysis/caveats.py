@@ -132,8 +132,8 @@ def restart_notes(frames: RunFrames) -> list[str]:
         for r in frames.restarts)
     count = len(frames.restarts)
     return [f"The run restarted itself {count} time{'s' if count > 1 else ''} after a worker died ({each}); the "
-            "steps after each checkpoint it resumed from were recomputed, and step times are the recomputed steps' (the time "
-            "lost to the restarts is in none of them)."]
+            "steps after each checkpoint it resumed from were recomputed, and step times are the recomputed steps' "
+            "(the time lost to the restarts is in none of them)."]
 
 
 def source_notes(frames: RunFrames) -> list[str]:

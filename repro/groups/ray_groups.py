@@ -111,7 +111,8 @@ class RayRolloutGroup:
         wait_all([self.actor.ready.remote()], [self.name], "start-up", self.timeout_s)
 
     def processes(self) -> list[dict]:
-        return [{"name": self.name, **wait_all([self.actor.process.remote()], [self.name], "process", self.timeout_s)[0]}]
+        found = wait_all([self.actor.process.remote()], [self.name], "process", self.timeout_s)
+        return [{"name": self.name, **found[0]}]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         return wait_all([self.actor.generate.remote(prompts, params)], [self.name], "generate", self.timeout_s)[0]

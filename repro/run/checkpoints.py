@@ -93,10 +93,9 @@ def save_checkpoint(root: str | Path, step: int, trainer, loop_state: dict, metr
             raise  # the trainer's process is gone: a restart can go on, so it stays a worker's death
         newest = latest_checkpoint(root)
         free = shutil.disk_usage(root).free / 1e9
-        raise CheckpointError(
-            f"checkpoint {final.name} not written: {err}; its temp folder {tmp} is removed ({free:.2f} GB free "
-            "there); " + (f"the newest complete checkpoint is {newest.path}" if newest else "no complete checkpoint yet")
-        ) from err
+        standing = f"the newest complete checkpoint is {newest.path}" if newest else "no complete checkpoint yet"
+        raise CheckpointError(f"checkpoint {final.name} not written: {err}; its temp folder {tmp} is removed "
+                              f"({free:.2f} GB free there); {standing}") from err
     if final.exists():  # the same step written again: move the old one aside, so one complete copy always exists
         old = root / f"{OLD_PREFIX}{step:06d}"
         shutil.rmtree(old, ignore_errors=True)
