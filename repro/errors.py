@@ -19,3 +19,12 @@ class CheckpointError(ReproError, ValueError):
 
 class TornLineWarning(UserWarning):
     """The last line of a log was cut off (a run killed mid-write): it is dropped, the rest is read."""
+
+
+class WorkerError(ReproError):
+    """A worker of a group failed a call: it raised (``died`` False), or its process died or stopped answering
+    (``died`` True: what it held in memory is gone, so only new workers can go on)."""
+
+    def __init__(self, message: str, *, worker: str, call: str, cause: str, died: bool):
+        super().__init__(message)
+        self.worker, self.call, self.cause, self.died = worker, call, cause, died

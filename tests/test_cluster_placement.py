@@ -224,7 +224,7 @@ class TestLocalTinyInstance:
         from repro.groups.ray_groups import RayRolloutGroup
 
         rollout = RayRolloutGroup(start_actor(tiny_placed, ROLLOUT, 0, Echo, ("rollout",)), timeout_s=60)
-        with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 died during generate: .*rollout cannot generate 1 prompts"):
+        with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 failed during generate: .*rollout cannot generate 1 prompts"):
             rollout.generate([[1, 2]], None)
         ray.kill(rollout.actor, no_restart=True)
         _wait_until_dead(rollout.actor)  # ray.kill is asynchronous: a call right after it may still be served

@@ -165,10 +165,26 @@ def timing_notes(frames: RunFrames) -> list[str]:
     return notes
 
 
+def restart_notes(frames: RunFrames) -> list[str]:
+    """The restarts the run made itself (``checkpoint.max_restarts``): each step, worker and call that died, and
+    the step it resumed from; the steps after that checkpoint were recomputed, so their rows are the new ones."""
+    if not frames.restarts:
+        return []
+    each = "; ".join(
+        f"at step {r.get('step')} {r.get('worker', 'a worker')} died during {r.get('call', '?')}"
+        + (f", resumed from step {r['resumed_from']}" if r.get("resumed_from") is not None else "")
+        for r in frames.restarts)
+    count = len(frames.restarts)
+    return [f"The run restarted itself {count} time{'s' if count > 1 else ''} after a worker died ({each}); the "
+            "steps after each checkpoint it resumed from were recomputed, and step times are the recomputed steps' "
+            "(the time lost to the restarts is in none of them)."]
+
+
 def source_notes(frames: RunFrames) -> list[str]:
     """Every sentence on where this source differs from what AMD measured, importer notes last."""
-    notes = (length_notes(frames) + eval_notes(frames) + throughput_notes(frames) + kl_notes(frames)
-             + position_notes(frames) + timing_notes(frames) + [n if n.endswith(".") else n + "." for n in frames.notes])
+    notes = (length_notes(frames) + restart_notes(frames) + eval_notes(frames) + throughput_notes(frames)
+             + kl_notes(frames) + position_notes(frames) + timing_notes(frames)
+             + [n if n.endswith(".") else n + "." for n in frames.notes])
     if ACCURACY not in frames.train.columns:
         notes.insert(0, f"No reward accuracy (`{ACCURACY}`, nor a DAPO score to derive it from).")
     return notes

@@ -43,6 +43,8 @@ class RunFrames:
     <- ``throughput/gen_tok_per_s``). notes: what the importer had to decide about this log, in sentences.
     step_time_includes_eval: ``timing_s/step`` already contains the evaluation time of steps that evaluated
     (verl and LumenRL time validation inside the step; our own loop logs it apart as ``timing_s/eval``).
+    restarts: the log's ``restart`` rows (a worker died and the run restarted itself: step, attempt, worker, call,
+    cause, resumed_from), in order; they are no step's result and appear in neither frame.
     """
 
     train: pd.DataFrame
@@ -54,6 +56,7 @@ class RunFrames:
     origins: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     step_time_includes_eval: bool = False
+    restarts: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
         self.source = Path(self.source)
@@ -88,13 +91,16 @@ class RunFrames:
 
 
 def frames_from_rows(rows: list[dict], source: Path, recipe: Recipe | None = None, **about) -> RunFrames:
-    """Split rows by ``kind`` into step-indexed frames. A step logged twice keeps its last row (a resumed run
-    whose log was not truncated repeats steps; the later row is the one the run continued from)."""
+    """Split rows by ``kind`` into step-indexed frames (``restart`` rows aside, in ``restarts``). A step logged twice
+    keeps its last row (a resumed run whose log was not truncated repeats steps; the later row is the one the run
+    continued from)."""
     train = [r for r in rows if r.get("kind", "train") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
+    restarts = [r for r in rows if r.get("kind") == "restart"]
     if not train:
         raise MetricsError(f"{source}: no training rows (kind 'train') in the log")
-    return RunFrames(_by_step(train, source), _by_step(evals, source), recipe, Path(source), **about)
+    return RunFrames(_by_step(train, source), _by_step(evals, source), recipe, Path(source), restarts=restarts,
+                     **about)
 
 
 def _by_step(rows: list[dict], source: Path) -> pd.DataFrame:

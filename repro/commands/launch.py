@@ -29,6 +29,9 @@ def add_arguments(parser):
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
     parser.add_argument("--run-dir", help="run directory (default: runs/<recipe name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--max-restarts", type=int, metavar="N",
+                        help="when a worker dies, restart both groups from the newest complete checkpoint, at most N "
+                             "times (checkpoint.max_restarts)")
     parser.add_argument("--simulate", action="store_true",
                         help="dry run on a simulated cluster of the recipe's shape (logical GPUs on this machine); "
                              "also what --dry-run does when cluster.ray_address is 'auto' and no cluster is found")
@@ -92,7 +95,8 @@ def run(args) -> int:
     from repro.commands import run as run_command
 
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
-                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet)
+                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet,
+                                  max_restarts=args.max_restarts)
     run_command.execute(run_args)
     return 0
 
@@ -121,6 +125,7 @@ def launch_lumenrl(args) -> int:
     from repro.commands import run as run_command
 
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
-                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet)
+                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet,
+                                  max_restarts=args.max_restarts)
     run_command.execute(run_args)
     return 0

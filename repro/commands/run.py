@@ -1,4 +1,5 @@
-"""`repro run --recipe NAME [--steps N] [--resume] [--run-dir DIR]`: the RL run, trainer and rollout on Ray."""
+"""`repro run --recipe NAME [--steps N] [--resume] [--max-restarts N] [--run-dir DIR]`: the RL run, trainer and rollout
+on Ray."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ def add_arguments(parser, default_steps: int | None = None):
     parser.add_argument("--steps", type=int, default=default_steps, help="optimizer steps (default: the recipe's)")
     parser.add_argument("--run-dir", help="run directory (default: runs/<recipe name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--max-restarts", type=int, metavar="N",
+                        help="when a worker dies, restart both groups and resume from the newest complete checkpoint, "
+                             "at most N times (checkpoint.max_restarts; default: the recipe's, 0)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a recipe field (repeatable)")
     parser.add_argument("--in-process", action="store_true",
@@ -25,7 +29,10 @@ def execute(args) -> Path:
     from repro.run.start import run_recipe
     from repro.run.state import no_progress
 
-    recipe = load_recipe(args.recipe, list(args.overrides), steps=args.steps)
+    overrides = list(args.overrides)
+    if args.max_restarts is not None:
+        overrides.append(f"checkpoint.max_restarts={args.max_restarts}")
+    recipe = load_recipe(args.recipe, overrides, steps=args.steps)
     run_dir = Path(args.run_dir or Path("runs") / recipe.name)
     progress = no_progress if args.quiet else progress_bar(recipe.steps)
     try:

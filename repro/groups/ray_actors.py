@@ -17,10 +17,22 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.cluster import ClusterError
 from repro.cluster.placement import Placement
+from repro.errors import WorkerError
+
+# After one worker fails a call, how long its peers in the same call get to show whether one of them died first:
+# a receiver whose sender was killed mid-sync raises at once, before Ray reports the sender's death.
+PEER_GRACE_S = 5.0
 
 
-class WorkerDiedError(ClusterError):
+class WorkerDiedError(ClusterError, WorkerError):
     """A worker actor died, raised, or stopped answering; the message names it and the call it was in."""
+
+
+def _worker_failure(name: str, call: str, err: Exception) -> WorkerDiedError:
+    died = isinstance(err, (ActorDiedError, RayActorError, ActorUnavailableError))
+    line = failure_line(err)
+    return WorkerDiedError(f"{name} {'died' if died else 'failed'} during {call}: {line}", worker=name, call=call,
+                           cause=line, died=died)
 
 
 def start_actor(placement: Placement, group: str, index: int, cls: type, args: tuple = (), kwargs: dict | None = None,
@@ -51,13 +63,31 @@ def wait_all(refs: list[Any], names: list[str], call: str, timeout_s: float | No
         done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout_s)
         if not done:
             waiting = ", ".join(names[i] for i in sorted(pending.values()))
-            raise WorkerDiedError(f"{waiting}: did not finish {call} within {timeout_s:g} s")
+            raise WorkerDiedError(f"{waiting}: did not finish {call} within {timeout_s:g} s", worker=waiting,
+                                  call=call, cause=f"no answer within {timeout_s:g} s", died=True)
         index = pending.pop(done[0])
         try:
             ray.get(done[0])
         except (RayError, GetTimeoutError) as err:
-            raise WorkerDiedError(f"{names[index]} died during {call}: {failure_line(err)}") from err
+            failure = _worker_failure(names[index], call, err)
+            if not failure.died and pending:
+                _raise_dead_peer(pending, names, call, failure)
+            raise failure from err
     return ray.get(refs)
+
+
+def _raise_dead_peer(pending: dict, names: list[str], call: str, failure: WorkerDiedError) -> None:
+    """If a peer still in the call turns out dead within ``PEER_GRACE_S``, raise its death (the cause), naming
+    ``failure`` (the consequence) beside it."""
+    done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=PEER_GRACE_S)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except (RayError, GetTimeoutError) as err:
+            peer = _worker_failure(names[pending[ref]], call, err)
+            if peer.died:
+                raise WorkerDiedError(f"{peer} ({failure.worker} failed after it: {failure.cause})",
+                                      worker=peer.worker, call=call, cause=peer.cause, died=True) from err
 
 
 def failure_line(err: Exception) -> str:

@@ -55,6 +55,11 @@ class RayTrainerGroup:
     def ready(self) -> None:
         wait_all([r.ready.remote() for r in self.ranks], self.names, "start-up", self.timeout_s)
 
+    def processes(self) -> list[dict]:
+        """Each rank's process (``repro.groups.workers.this_process``) with its name."""
+        found = wait_all([r.process.remote() for r in self.ranks], self.names, "process", self.timeout_s)
+        return [{"name": name, **info} for name, info in zip(self.names, found)]
+
     def logprobs(self, batch: TrainBatch, replay_routing: bool) -> LogprobResult:
         batch = self._shared(batch)
         return wait_all([r.logprobs.remote(batch, replay_routing) for r in self.ranks], self.names, "logprobs",
@@ -104,6 +109,10 @@ class RayRolloutGroup:
 
     def ready(self) -> None:
         wait_all([self.actor.ready.remote()], [self.name], "start-up", self.timeout_s)
+
+    def processes(self) -> list[dict]:
+        found = wait_all([self.actor.process.remote()], [self.name], "process", self.timeout_s)
+        return [{"name": self.name, **found[0]}]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         return wait_all([self.actor.generate.remote(prompts, params)], [self.name], "generate", self.timeout_s)[0]

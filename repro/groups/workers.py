@@ -10,6 +10,8 @@ on Ray over the sync's own collective groups (``repro.sync_group``), whose addre
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -46,6 +48,19 @@ def _node_host() -> str:
     return "127.0.0.1"
 
 
+def this_process() -> dict:
+    """The calling worker's process: its id and start time (together they name it even once the id is reused),
+    its host, and the file its stderr goes to (on Ray, the worker's log under the session folder)."""
+    import psutil
+
+    try:
+        log = os.readlink("/proc/self/fd/2")  # Linux; elsewhere the worker has no named log here
+    except OSError:
+        log = None
+    return {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": socket.gethostname(),
+            "log": log}
+
+
 class TrainerWorker:
     """One trainer process: the embedded trainer, or one rank of a Megatron world (its rendezvous environment set
     by ``repro.groups.ray_groups``; the model from ``actor.model_provider``, so ``model_dir`` is unused there)."""
@@ -70,6 +85,9 @@ class TrainerWorker:
 
     def ready(self) -> None:
         """Construction is the warm-up; by the time this runs it is done."""
+
+    def process(self) -> dict:
+        return this_process()
 
     def logprobs(self, batch: TrainBatch, replay_routing: bool) -> LogprobResult:
         return self.trainer.logprobs(batch, replay_routing=replay_routing)
@@ -155,6 +173,9 @@ class RolloutWorker:
 
     def ready(self) -> None:
         """Construction is the warm-up; by the time this runs it is done."""
+
+    def process(self) -> dict:
+        return this_process()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         return self.engine.generate(prompts, params)

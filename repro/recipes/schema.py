@@ -179,6 +179,7 @@ class EvalConfig(Section):
 class CheckpointConfig(Section):
     every_steps: int = Field(25, ge=1, description="Save trainer state after every this many steps.")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+    max_restarts: int = Field(0, ge=0, description="repro run --max-restarts: when a worker dies, end both groups, start new ones and resume from the newest complete checkpoint, at most this many times per call (each a 'restart' row in metrics.jsonl); the same worker dying in the same call at the same step again stops the run. 0: stop at the first death, as LumenRL and verl do.")
 
 
 class WeightSyncConfig(Section):

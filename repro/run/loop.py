@@ -16,6 +16,7 @@ Launch:  repro run --recipe tiny-cpu [--steps N] [--resume] [--run-dir DIR];  re
 
 from __future__ import annotations
 
+from repro.run.restarts import at_step
 from repro.run.state import Run
 from repro.run.steps import (
     StepClock, evaluate_and_log, evaluates_after, generate_rollouts, log_step, make_train_batch, mismatch_metrics,
@@ -24,21 +25,24 @@ from repro.run.steps import (
 
 
 def train(run: Run) -> None:
-    """Run steps ``run.start_step + 1 .. recipe.steps``; ``run`` holds the groups, data and logs."""
+    """Run steps ``run.start_step + 1 .. recipe.steps``; ``run`` holds the groups, data and logs. A failure inside
+    a step (a worker's, a write's) is raised as ``repro.run.restarts.StepFailed`` naming the step."""
     recipe = run.recipe
     if run.start_step == 0 and recipe.eval.at_start:
-        evaluate_and_log(run, step=0)
+        with at_step(0):
+            evaluate_and_log(run, step=0)
     for step in range(run.start_step + 1, recipe.steps + 1):
-        clock = StepClock()
-        problems = run.sampler.next_batch()
-        rollout = clock.time("rollout", generate_rollouts, run, problems, step)
-        rewards = clock.time("reward", score_rollouts, run, problems, rollout)
-        grouped = make_train_batch(run, rollout, rewards)
-        updated = update_policy(run, clock, grouped.batch)
-        mismatch = mismatch_metrics(run, updated.batch)
-        sync = clock.time("sync", sync_weights, run.trainer, run.rollout, step)
-        log_step(run, step, clock, rollout, rewards, grouped, mismatch, updated.metrics, sync)
-        if evaluates_after(recipe, step):
-            evaluate_and_log(run, step)
-        if step % recipe.checkpoint.every_steps == 0 or step == recipe.steps:
-            save_checkpoint_now(run, step)
+        with at_step(step):
+            clock = StepClock()
+            problems = run.sampler.next_batch()
+            rollout = clock.time("rollout", generate_rollouts, run, problems, step)
+            rewards = clock.time("reward", score_rollouts, run, problems, rollout)
+            grouped = make_train_batch(run, rollout, rewards)
+            updated = update_policy(run, clock, grouped.batch)
+            mismatch = mismatch_metrics(run, updated.batch)
+            sync = clock.time("sync", sync_weights, run.trainer, run.rollout, step)
+            log_step(run, step, clock, rollout, rewards, grouped, mismatch, updated.metrics, sync)
+            if evaluates_after(recipe, step):
+                evaluate_and_log(run, step)
+            if step % recipe.checkpoint.every_steps == 0 or step == recipe.steps:
+                save_checkpoint_now(run, step)

@@ -1,7 +1,11 @@
 """The per-run metrics log: one JSON object per line, appended and flushed as each step ends.
 
-Rows carry ``kind`` ("train" or "eval") and ``step``. Keys follow verl/LumenRL names (``rollout_corr/kl``,
-``actor/grad_norm``, ``timing_s/step`` ...) so other frameworks' exports line up with ours.
+Rows carry ``kind`` ("train", "eval", or "restart": a worker died and the run restarted its groups) and ``step``.
+Keys follow verl/LumenRL names (``rollout_corr/kl``, ``actor/grad_norm``, ``timing_s/step`` ...) so other
+frameworks' exports line up with ours.
+
+An append either adds the whole line or leaves the file as it was: a write that fails part-way (disk full, file
+size limit) is cut back to the previous end, so a later reader never meets a torn row in the middle of the log.
 """
 
 from __future__ import annotations
@@ -26,11 +30,28 @@ class MetricsLog:
         self.path = Path(path)
 
     def append(self, row: dict) -> None:
-        line = json.dumps({k: _clean(v) for k, v in row.items()}, sort_keys=False)
-        with open(self.path, "a") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        data = (json.dumps({k: _clean(v) for k, v in row.items()}, sort_keys=False) + "\n").encode()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise self._not_written(row, err) from None
+        try:
+            end = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError as err:
+                os.ftruncate(fd, end)  # frees space, so it succeeds on a full disk too
+                raise self._not_written(row, err) from None
+        finally:
+            os.close(fd)
+
+    def _not_written(self, row: dict, err: OSError) -> ReproError:
+        what = f"the {row.get('kind', 'train')} row of step {row.get('step', '?')}"
+        return ReproError(f"{self.path}: could not append {what} ({err.strerror or err}); the log is left as it was, "
+                          "ending at its previous complete row")
 
     def rows(self) -> list[dict]:
         """All complete rows; a torn last line (killed mid-write) is ignored."""

@@ -6,13 +6,20 @@ Run directory layout (documented in README):
     metrics.jsonl          one row per step and per evaluation (metrics.parquet at the end)
     eval/step_NNNNNN.json  per-problem correct counts and a sample response
     checkpoints/step_NNNNNN/  trainer state + loop state + the log up to that step (newest `keep_last`)
-    logs/                  Ray and run logs
+    logs/                  Ray and run logs; workers.json: each worker's process id, host and log file, per start
+    run.lock               held (flock) by the run using the folder; it names that run's process
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -26,6 +33,45 @@ from repro.run.metrics_log import MetricsLog
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.run.state import Run
+
+
+LOCK_FILE = "run.lock"
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for this process while the block runs: a second run on the same folder (another shell,
+    a notebook, a second node on a shared disk) fails at once, naming the holder, instead of writing every row
+    twice. The kernel drops the lock when the holder exits, however it ends (kill -9 included)."""
+    import fcntl
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / LOCK_FILE, "a+")
+    except OSError as err:
+        raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process that has not written its name yet"
+            raise ReproError(f"run dir {run_dir} is in use by another run ({holder}; lock {run_dir / LOCK_FILE}): "
+                             "wait for it to end or stop it, or choose another --run-dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(sys.argv)[:300]}\n")
+        handle.flush()
+        yield
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` but its lock (a fresh run over an old one, the lock held)."""
+    for path in run_dir.iterdir():
+        if path.name == LOCK_FILE:
+            continue
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def checkpoint_bytes(recipe: Recipe) -> int:
@@ -123,17 +169,33 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
     )
     if resume:
         checkpoint = latest_checkpoint(run.checkpoint_dir)
-        if checkpoint is None:
-            run.metrics.path.unlink(missing_ok=True)  # killed before the first checkpoint: start over cleanly
+        if checkpoint is None:  # stopped before the first checkpoint: start over cleanly
+            restore_log(run.metrics, None)
             return run
         state = checkpoint.loop_state()
         trainer.load(checkpoint.trainer_dir)
         run.sampler.load_state(state["sampler"])
         restore_driver_rng(state["driver_rng"])
-        saved_log = checkpoint.path / "metrics.jsonl"
-        tmp = run.metrics.path.with_name("metrics.jsonl.tmp")
-        shutil.copyfile(saved_log, tmp) if saved_log.exists() else tmp.write_text("")
-        tmp.replace(run.metrics.path)  # the log as it stood at the checkpoint: no lost or repeated step
+        restore_log(run.metrics, checkpoint.path / "metrics.jsonl")
         sync_weights(trainer, rollout, state["weight_version"])
         run.start_step = checkpoint.step
     return run
+
+
+def restore_log(metrics: MetricsLog, saved: Path | None) -> None:
+    """The log as it stood at the checkpoint (``saved``: its copy; None: no checkpoint, an empty log), so no step
+    is lost or logged twice; ``restart`` rows written since are kept after it: they are the run's history, not a
+    step's result."""
+    import json
+
+    kept = MetricsLog(saved).rows() if saved is not None and saved.exists() else []
+    history = [r for r in metrics.rows() if r.get("kind") == "restart" and r not in kept]
+    if not history and not kept:
+        metrics.path.unlink(missing_ok=True)
+        return
+    tmp = metrics.path.with_name(metrics.path.name + ".tmp")
+    if history:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept + history))
+    else:
+        shutil.copyfile(saved, tmp)
+    tmp.replace(metrics.path)

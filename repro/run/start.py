@@ -5,21 +5,22 @@
 It checks what can fail before any worker starts (the run directory, the data and model paths, a run that is
 already finished), starts the two groups -- in this process, or as Ray actors placed by the recipe's plan --
 times their start-up as the run's warm-up (so it is not booked to the first evaluation), opens or resumes the
-run, trains, writes the parquet copy of the log, and always releases what it started.
+run, trains, writes the parquet copy of the log, and always releases what it started. The run directory is locked
+for the call; a failure names its step (``repro.run.restarts``), and a worker's death may restart both groups.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.recipes.schema import Recipe
-from repro.run.checkpoints import Checkpoint, latest_checkpoint
+from repro.run.checkpoints import Checkpoint, incomplete_checkpoints, latest_checkpoint
 from repro.run.state import Progress, no_progress
 
 SMOKE_STEPS = 3  # AMD's smoke test: three optimizer steps before the long run
@@ -46,15 +47,17 @@ class RunPlan:
     finished: bool               # resuming a run whose newest checkpoint is already at the recipe's last step
     kept_rows: list[dict]        # train rows of the log up to that checkpoint (a live plot's earlier points)
     dropped_steps: list[int]     # train steps logged after that checkpoint: dropped, then recomputed
+    ignored: list[str] = field(default_factory=list)  # checkpoint folders a resume does not use, each with why
 
     def describe(self) -> str:
         if self.finished:
             return f"{self.run_dir}: the run is finished (checkpoint step {self.checkpoint.step}); nothing to do"
         if not self.resume:
             return f"{self.run_dir}: a new run" + (" (the old one deleted first)" if self.fresh else "")
+        ignored = "".join(f"; not complete, so not used: {note}" for note in self.ignored)
         if self.checkpoint is None:
-            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0"
-        note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path})"
+            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0{ignored}"
+        note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path}){ignored}"
         if self.dropped_steps:
             first, last = self.dropped_steps[0], self.dropped_steps[-1]
             note += (f"; step {first} logged after it is dropped and recomputed" if first == last else
@@ -78,12 +81,13 @@ def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"]
         return RunPlan(run_dir, False, True, None, False, [], [])
     resume = log.exists() if resume == "auto" else bool(resume)
     checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    ignored = incomplete_checkpoints(run_dir / "checkpoints") if resume else []
     if checkpoint is None:
-        return RunPlan(run_dir, resume, False, None, False, [], [])
+        return RunPlan(run_dir, resume, False, None, False, [], [], ignored)
     rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
     return RunPlan(run_dir, True, False, checkpoint, checkpoint.step >= recipe.steps,
                    [r for r in rows if r["step"] <= checkpoint.step],
-                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}))
+                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}), ignored)
 
 
 def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
@@ -99,15 +103,23 @@ def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
 
 def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
                 say: Callable[[str], None] = print) -> RunOutcome:
-    """``run_recipe`` for a plan already made (a notebook shows it first, e.g. to seed its live plot)."""
+    """``run_recipe`` for a plan already made (a notebook shows it first, e.g. to seed its live plot).
+
+    The run directory is locked for the call. When a worker dies and ``checkpoint.max_restarts`` allows, both
+    groups are ended and started again and the run resumes from the newest complete checkpoint
+    (``repro.run.restarts``); otherwise the failure is raised as ``RunStopped`` naming the step, the worker or
+    file, and the checkpoint to resume from."""
     if recipe.engine == "lumenrl":  # AMD's own engine: its process, its log streamed into ours (repro.lumenrl)
         from repro.lumenrl.run import run_lumenrl
 
         if in_process:
             say("engine lumenrl: in_process does not apply (LumenRL runs as its own process on the Ray head)")
+        if recipe.checkpoint.max_restarts:
+            say("engine lumenrl: checkpoint.max_restarts does not apply (LumenRL stops when a worker dies; "
+                "rerun with --resume)")
         return run_lumenrl(recipe, plan, progress=progress, say=say)
-    from repro.run.loop import train
-    from repro.run.run_dir import check_inputs, open_run
+    from repro.run.restarts import Restarts, StepFailed
+    from repro.run.run_dir import check_inputs, clear_run_dir, run_dir_lock
 
     started = time.perf_counter()
     run_dir = plan.run_dir
@@ -115,31 +127,63 @@ def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, prog
     if plan.finished:
         return RunOutcome(run_dir, plan.checkpoint.step, plan.checkpoint.step, 0.0, time.perf_counter() - started,
                           already_finished=True)
-    if plan.fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
-    model_dir = check_inputs(recipe, run_dir, plan.resume)
-    with ExitStack() as stack:
+    with run_dir_lock(run_dir), ExitStack() as stack:
+        if plan.fresh:
+            clear_run_dir(run_dir)
+        model_dir = check_inputs(recipe, run_dir, plan.resume)
         stack.enter_context(terminate_as_exit())
         warmup = time.perf_counter()
-        trainer, rollout = in_process_groups(recipe, model_dir) if in_process else stack.enter_context(
-            ray_groups(recipe, model_dir, run_dir))
+        session = None if in_process else stack.enter_context(ray_session(recipe, run_dir))
         stack.enter_context(terminate_as_exit())  # ray.init put its own SIGTERM handler (exit code 15) over ours
-        trainer.ready()
-        rollout.ready()
-        warmup_s = time.perf_counter() - warmup
-        say(f"groups started in {warmup_s:.1f} s ({'in this process' if in_process else 'on Ray'})")
-        run = open_run(recipe, run_dir, trainer, rollout, resume=plan.resume)
-        run.progress, run.warmup_s = progress, warmup_s
-        try:
-            train(run)
-        except Exception as err:
-            from repro.groups.ray_actors import WorkerDiedError
+        restarts, resume = Restarts(recipe.checkpoint.max_restarts), plan.resume
+        while True:
+            attempt = Attempt(recipe, model_dir, run_dir, session, restarts)
+            try:
+                warmup_s = attempt.run(resume, warmup, progress, say)
+                break
+            except StepFailed as failure:
+                say(restarts.allow(failure, attempt.workers, resume_hint(run_dir)))
+                resume, warmup = True, time.perf_counter()
+    start_step = plan.checkpoint.step if plan.checkpoint is not None else 0
+    return RunOutcome(run_dir, start_step, recipe.steps, warmup_s, time.perf_counter() - started)
 
-            if isinstance(err, WorkerDiedError):
-                raise WorkerDiedError(f"{err}; {resume_hint(run_dir)}") from err
-            raise
-        run.metrics.write_parquet()
-    return RunOutcome(run_dir, run.start_step, recipe.steps, warmup_s, time.perf_counter() - started)
+
+@dataclass
+class Attempt:
+    """One start of both groups and the run on them, until the last step or a failure (``StepFailed``)."""
+
+    recipe: Recipe
+    model_dir: Path
+    run_dir: Path
+    session: "RaySession | None"   # None: the groups run in this process
+    restarts: "Restarts"
+    workers: dict[str, dict] = field(default_factory=dict)  # name -> process, once started (on Ray)
+
+    def run(self, resume: bool, warmup: float, progress: Progress, say: Callable[[str], None]) -> float:
+        """Start, resume if asked, train to the end, write the parquet log; returns the warm-up seconds."""
+        from repro.run.loop import train
+        from repro.run.restarts import at_step
+        from repro.run.run_dir import open_run
+
+        newest = latest_checkpoint(self.run_dir / "checkpoints") if resume else None
+        with ExitStack() as stack:
+            with at_step(newest.step if newest else 0):  # failing to start or resume: at the step it resumes from
+                if self.session is None:
+                    trainer, rollout = in_process_groups(self.recipe, self.model_dir)
+                else:
+                    trainer, rollout = stack.enter_context(self.session.groups(self.model_dir))
+                trainer.ready()
+                rollout.ready()
+                if self.session is not None:
+                    self.workers = self.session.record(trainer, rollout)
+                warmup_s = time.perf_counter() - warmup
+                say(f"groups started in {warmup_s:.1f} s ({'in this process' if self.session is None else 'on Ray'})")
+                run = open_run(self.recipe, self.run_dir, trainer, rollout, resume=resume)
+                self.restarts.log_pending(run.metrics, run.start_step)
+            run.progress, run.warmup_s = progress, warmup_s
+            train(run)
+            run.metrics.write_parquet()
+        return warmup_s
 
 
 def in_process_groups(recipe: Recipe, model_dir: Path) -> tuple[TrainerGroup, RolloutGroup]:
@@ -149,32 +193,80 @@ def in_process_groups(recipe: Recipe, model_dir: Path) -> tuple[TrainerGroup, Ro
     return TrainerWorker(recipe, model_dir), RolloutWorker(recipe, model_dir)
 
 
+@dataclass
+class RaySession:
+    """Ray for one call of ``run_planned``: the groups are started (and ended) once per attempt inside it."""
+
+    recipe: Recipe
+    run_dir: Path
+    ray_record: Path           # logs/ray_processes.json: the local instance's processes, ended by the next run
+    started_local: bool        # this call started a local instance (it stops it at the end)
+    attempts: list[list[dict]] = field(default_factory=list)
+
+    @contextmanager
+    def groups(self, model_dir: Path) -> Iterator[tuple[TrainerGroup, RolloutGroup]]:
+        """Both groups placed and started; on exit their actors are ended and the placement released."""
+        from repro.cluster.placement import (
+            create_placement_groups, format_placement_table, placement_table, plan_placement,
+        )
+        from repro.groups.ray_actors import stop_actors
+        from repro.groups.ray_groups import start_groups
+
+        placement = create_placement_groups(plan_placement(self.recipe))
+        try:
+            (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "logs" / "placement.txt").write_text(
+                format_placement_table(placement_table(placement)) + "\n")
+            trainer, rollout = start_groups(placement, self.recipe, model_dir)
+            try:
+                yield trainer, rollout
+            finally:
+                stop_actors([*trainer.ranks, rollout.actor])
+        finally:
+            placement.remove()
+
+    def record(self, trainer, rollout) -> dict[str, dict]:
+        """Write every worker's process (id, start time, host, log file) of this attempt beside the earlier
+        attempts' to logs/workers.json, and re-record the local instance's processes (its workers now among
+        them) for the clean-up after a killed driver. Returns the workers by name."""
+        import json
+
+        from repro.cluster.runtime import record_local_processes
+
+        processes = trainer.processes() + rollout.processes()
+        self.attempts.append(processes)
+        path = self.run_dir / "logs" / "workers.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"driver": os.getpid(), "attempts": self.attempts}, indent=1))
+        tmp.replace(path)
+        if self.started_local:
+            record_local_processes(self.ray_record)
+        return {p["name"]: p for p in processes}
+
+
 @contextmanager
-def ray_groups(recipe: Recipe, model_dir: Path, run_dir: Path) -> Iterator[tuple[TrainerGroup, RolloutGroup]]:
-    """Ray started or joined as the recipe says, both groups placed and started; on exit the placement is
-    released and a local instance this call started is stopped."""
-    from repro.cluster.placement import create_placement_groups, format_placement_table, placement_table, plan_placement
+def ray_session(recipe: Recipe, run_dir: Path) -> Iterator[RaySession]:
+    """Ray started or joined as the recipe says; a local instance this call started is stopped on exit (and
+    what a killed earlier run in ``run_dir`` left of its own is ended first, by recorded process id)."""
+    import ray
+
     from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_local_processes, shutdown_ray
-    from repro.groups.ray_groups import check_group_sizes, start_groups
+    from repro.groups.ray_groups import check_group_sizes
 
     check_group_sizes(recipe)
     record = run_dir / "logs" / "ray_processes.json"
     ended = end_recorded_processes(record)
     if ended:
         print(f"ended {len(ended)} Ray process(es) a killed run in {run_dir} left behind: {', '.join(ended)}")
+    connected = ray.is_initialized()
     info = ensure_ray(recipe)
-    if info.started_local:
+    started_local = info.started_local and not connected
+    if started_local:
         record_local_processes(record)
-    placement = None
     try:
-        placement = create_placement_groups(plan_placement(recipe))
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "logs" / "placement.txt").write_text(format_placement_table(placement_table(placement)) + "\n")
-        yield start_groups(placement, recipe, model_dir)
+        yield RaySession(recipe, run_dir, record, started_local)
     finally:
-        if placement is not None:
-            placement.remove()
-        if info.started_local:
+        if started_local:
             shutdown_ray()
             record.unlink(missing_ok=True)
 
