@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("repro.commands.check", "is this machine / Ray cluster ready for a recipe (PASS/WARN/FAIL/SKIP, --json)"),
     "launch": ("repro.commands.launch", "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),
     "compare": ("repro.commands.compare", "runs (repro run dir, W&B CSV, LumenRL log, verl JSONL) beside AMD's published numbers, as a Markdown report"),
+    "rollouts": ("repro.commands.rollouts", "a step's trajectories from a run's rollouts/ (--worst-kl K: the K with the largest rollout/trainer KL)"),
     "figures": ("repro.commands.figures", "AMD's four charts from one or more runs' logs, overlaid (PNG + SVG)"),
     "smoke": ("repro.commands.smoke", "3 optimizer steps of a recipe: the setup check before a long run"),
 }

@@ -2,6 +2,9 @@
 
 Rows carry ``kind`` ("train" or "eval") and ``step``. Keys follow verl/LumenRL names (``rollout_corr/kl``,
 ``actor/grad_norm``, ``timing_s/step`` ...) so other frameworks' exports line up with ours.
+
+This is the one place rows are written: each appended row then goes to the log's sinks (TensorBoard, W&B:
+``repro.run.sinks``), so those records hold what this file holds.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from repro.errors import ReproError, TornLineWarning
+
+if TYPE_CHECKING:
+    from repro.run.sinks import Sink
 
 
 def _clean(value):
@@ -22,15 +29,25 @@ def _clean(value):
 
 
 class MetricsLog:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, sinks: "list[Sink] | None" = None):
         self.path = Path(path)
+        self.sinks = list(sinks or [])
 
     def append(self, row: dict) -> None:
-        line = json.dumps({k: _clean(v) for k, v in row.items()}, sort_keys=False)
+        cleaned = {k: _clean(v) for k, v in row.items()}
+        line = json.dumps(cleaned, sort_keys=False)
         with open(self.path, "a") as handle:
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        for sink in self.sinks:
+            sink.log(cleaned)
+
+    def close(self, exit_code: int = 0) -> None:
+        """End every sink (W&B marks its run finished, or failed with a non-zero ``exit_code``)."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(exit_code)
 
     def rows(self) -> list[dict]:
         """All complete rows; a torn last line (killed mid-write) is ignored."""

@@ -5,6 +5,8 @@ Run directory layout (documented in README):
     data/                  generated datasets (tiny recipe)
     metrics.jsonl          one row per step and per evaluation (metrics.parquet at the end)
     eval/step_NNNNNN.json  per-problem correct counts and a sample response
+    rollouts/step_NNNNNN.jsonl.gz  every trajectory of the step (tracking.rollouts)
+    tensorboard/, wandb/   the same rows as metrics.jsonl for TensorBoard and W&B (tracking.tensorboard, .wandb)
     checkpoints/step_NNNNNN/  trainer state + loop state + the log up to that step (newest `keep_last`)
     logs/                  Ray and run logs
 """
@@ -19,6 +21,8 @@ from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError
 from repro.run.metrics_log import MetricsLog
+from repro.run.rollouts_file import NoRollouts, RolloutsDir
+from repro.run.sinks import check_sinks, open_sinks
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.run.state import Run
@@ -53,6 +57,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
         )
     for sub in ("logs", "eval", "checkpoints"):
         (run_dir / sub).mkdir(exist_ok=True)
+    check_sinks(recipe, run_dir)
     dump_recipe(recipe, run_dir / "recipe.yaml")
 
 
@@ -76,9 +81,9 @@ def check_inputs(recipe: Recipe, run_dir: Path, resume: bool) -> Path:
 def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout: RolloutGroup,
              resume: bool = False) -> Run:
     """The run over started groups: data loaded, and with ``resume`` the newest complete checkpoint restored
-    (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout."""
+    (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout; then the
+    tracking sinks started on the log as it now stands (the caller closes them: ``run.metrics.close()``)."""
     from repro.model.hf_folder import load_tiny_tokenizer
-    from repro.run.steps import sync_weights
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(recipe)
@@ -91,20 +96,30 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
         eval_problems=held_out, eval_prompt_ids=all_prompt_ids(tokenizer, held_out, recipe.data.eval.template),
         sampler=PromptSampler(len(train), recipe.algorithm.prompts_per_step, recipe.seed),
         metrics=MetricsLog(run_dir / "metrics.jsonl"),
+        rollouts=(RolloutsDir(run_dir, tokenizer, recipe.rollout_correction.threshold) if recipe.tracking.rollouts
+                  else NoRollouts()),
     )
     if resume:
-        checkpoint = latest_checkpoint(run.checkpoint_dir)
-        if checkpoint is None:
-            run.metrics.path.unlink(missing_ok=True)  # killed before the first checkpoint: start over cleanly
-            return run
-        state = checkpoint.loop_state()
-        trainer.load(checkpoint.trainer_dir)
-        run.sampler.load_state(state["sampler"])
-        restore_driver_rng(state["driver_rng"])
-        saved_log = checkpoint.path / "metrics.jsonl"
-        tmp = run.metrics.path.with_name("metrics.jsonl.tmp")
-        shutil.copyfile(saved_log, tmp) if saved_log.exists() else tmp.write_text("")
-        tmp.replace(run.metrics.path)  # the log as it stood at the checkpoint: no lost or repeated step
-        sync_weights(trainer, rollout, state["weight_version"])
-        run.start_step = checkpoint.step
+        restore_checkpoint(run)
+    run.metrics.sinks = open_sinks(recipe, run_dir, run.metrics.rows())
     return run
+
+
+def restore_checkpoint(run: Run) -> None:
+    """The newest complete checkpoint into ``run`` (none yet: the log is removed, the run starts from step 0)."""
+    from repro.run.steps import sync_weights
+
+    checkpoint = latest_checkpoint(run.checkpoint_dir)
+    if checkpoint is None:
+        run.metrics.path.unlink(missing_ok=True)  # killed before the first checkpoint: start over cleanly
+        return
+    state = checkpoint.loop_state()
+    run.trainer.load(checkpoint.trainer_dir)
+    run.sampler.load_state(state["sampler"])
+    restore_driver_rng(state["driver_rng"])
+    saved_log = checkpoint.path / "metrics.jsonl"
+    tmp = run.metrics.path.with_name("metrics.jsonl.tmp")
+    shutil.copyfile(saved_log, tmp) if saved_log.exists() else tmp.write_text("")
+    tmp.replace(run.metrics.path)  # the log as it stood at the checkpoint: no lost or repeated step
+    sync_weights(run.trainer, run.rollout, state["weight_version"])
+    run.start_step = checkpoint.step

@@ -129,6 +129,8 @@ def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, prog
         warmup_s = time.perf_counter() - warmup
         say(f"groups started in {warmup_s:.1f} s ({'in this process' if in_process else 'on Ray'})")
         run = open_run(recipe, run_dir, trainer, rollout, resume=plan.resume)
+        # the tracking sinks end with the run, marked failed when it raised (W&B's run state)
+        stack.push(lambda kind, err, tb: run.metrics.close(exit_code=0 if kind is None else 1))
         run.progress, run.warmup_s = progress, warmup_s
         try:
             train(run)
