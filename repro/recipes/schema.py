@@ -215,7 +215,6 @@ class LumenRLSettings(Section):
     checkpoint_dir: str | None = Field(None, description="LumenRL's checkpointing.checkpoint_dir (global_step_N/), the same path on every trainer node; null: <run_dir>/checkpoints.")
     actor_node_ips: str | None = Field(None, description="Comma-separated IPs that pin LumenRL's trainer workers (topology_tags.node_ips); null: unpinned (the published file pins AMD's machines).")
     rollout_node_ips: str | None = Field(None, description="Comma-separated IPs that pin LumenRL's rollout workers; null: unpinned.")
-    wandb: bool = Field(False, description="Let LumenRL log to W&B as well (needs WANDB_API_KEY and your logger.wandb.* overrides); metrics.jsonl is written either way.")
     overrides: list[str] = Field(default_factory=list, description="LumenRL 'dotted.key=value' overrides appended to its command line (e.g. weight_sync.rdma.interface=ens14np0).")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for LumenRL over run_grpo_dsv4.sh's (e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME for your NICs).")
     ray_stop_first: bool = Field(False, description="Run `ray stop --force` on this node before starting, as run_grpo_dsv4.sh does unless LUMENRL_KEEP_RAY_CLUSTER=1; false keeps the cluster `ray start` built.")
