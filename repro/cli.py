@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("repro.commands.launch", "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),
     "compare": ("repro.commands.compare", "runs (repro run dir, W&B CSV, LumenRL log, verl JSONL) beside AMD's published numbers, as a Markdown report"),
     "report": ("repro.commands.report", "one HTML page for a run (or several sources): comparison with AMD, figures, caveats, notebooks, raw records"),
+    "rollouts": ("repro.commands.rollouts", "a step's trajectories from a run's rollouts/ (--worst-kl K: the K with the largest rollout/trainer KL)"),
     "figures": ("repro.commands.figures", "AMD's four charts from one or more runs' logs, overlaid (PNG + SVG)"),
     "smoke": ("repro.commands.smoke", "3 optimizer steps of a recipe: the setup check before a long run"),
 }

@@ -299,8 +299,8 @@ def test_the_tiny_recipe_on_lumenrl_names_every_field_at_fault():
 
 
 def test_the_repro_engine_ignores_the_lumenrl_section():
-    recipe = load_recipe("tiny-cpu", ["lumenrl.wandb=true"])
-    assert recipe.engine == "repro" and recipe.lumenrl.wandb and not math.isnan(recipe.optim.lr)
+    recipe = load_recipe("tiny-cpu", ["lumenrl.ray_stop_first=true"])
+    assert recipe.engine == "repro" and recipe.lumenrl.ray_stop_first and not math.isnan(recipe.optim.lr)
 
 
 def test_the_walkthroughs_cluster_recipe_is_a_valid_lumenrl_recipe(tmp_path):

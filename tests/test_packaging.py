@@ -27,8 +27,19 @@ def _project() -> dict:
 
 
 def _requirements() -> dict[str, Requirement]:
+    """Every requirement of the project and of its extras; ``repro[...]`` (an extra naming others) is not one."""
     project = _project()
-    return {Requirement(r).name: Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    extras = [r for group in project["optional-dependencies"].values() for r in group]
+    return {Requirement(r).name: Requirement(r) for r in project["dependencies"] + extras
+            if Requirement(r).name != project["name"]}
+
+
+def test_dev_installs_the_tracking_extras_the_tests_exercise():
+    project = _project()
+    dev = [Requirement(r) for r in project["optional-dependencies"]["dev"]]
+    assert any(r.name == project["name"] and r.extras == {"wandb", "tensorboard"} for r in dev)
+    assert {Requirement(r).name for r in project["optional-dependencies"]["wandb"]} == {"wandb"}
+    assert {Requirement(r).name for r in project["optional-dependencies"]["tensorboard"]} == {"tensorboard"}
 
 
 def _lock() -> dict[str, str]:

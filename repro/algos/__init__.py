@@ -3,14 +3,16 @@
 advantages          GRPO / Dr.GRPO group advantages                      (Shao et al. 2024; Liu et al. 2025)
 policy_loss         PPO-clip with clip-higher and dual-clip; agg_loss    (Schulman 2017; Yu et al. 2025; Ye 2020)
 rollout_correction  decoupled truncated / masked importance weights      (Yao et al. 2025)
-metrics             rollout_corr/* mismatch metrics: LumenRL's keys and definitions, verl's variants, by position
+metrics             rollout_corr/* mismatch metrics: LumenRL's keys and definitions, verl's variants, by position;
+                    per sequence (the rollouts on disk)
 logits              log-probs and entropy under the sampling temperature
 """
 
 from repro.algos.shapes import AlgoShapeError
 from repro.algos.advantages import GroupAdvantages, broadcast_to_tokens, grpo_advantages
 from repro.algos.logits import entropy_from_logits, logprobs_from_logits
-from repro.algos.metrics import is_metrics, offpolicy_metrics, position_metrics, rollout_corr_metrics, verl_is_metrics
+from repro.algos.metrics import (SequenceMismatch, is_metrics, offpolicy_metrics, position_metrics, rollout_corr_metrics,
+                                sequence_mismatch, verl_is_metrics)
 from repro.algos.policy_loss import LOSS_AGG_MODES, LossAggMode, PolicyLoss, agg_loss, ppo_clip_loss
 from repro.algos.rollout_correction import (
     ROLLOUT_IS_MODES,
@@ -30,6 +32,7 @@ __all__ = [
     "RolloutISMode",
     "RolloutWeights",
     "SAFETY_BOUND",
+    "SequenceMismatch",
     "agg_loss",
     "broadcast_to_tokens",
     "entropy_from_logits",
@@ -41,5 +44,6 @@ __all__ = [
     "ppo_clip_loss",
     "rollout_corr_metrics",
     "rollout_is_weights",
+    "sequence_mismatch",
     "verl_is_metrics",
 ]

@@ -51,6 +51,7 @@ raises. Everything is computed in float64.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -210,6 +211,44 @@ def position_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor,
         out[position_key(start, end, "abs_diff")] = float(delta[selected].abs().mean())
         out[position_key(start, end, "k3_kl")] = float(k3[selected].mean())
     return out
+
+
+@dataclass(frozen=True)
+class SequenceMismatch:
+    """The mismatch of each sequence of a batch, [B] each (float64 unless said); a row with no valid token has
+    zero sums, gap and shares and position -1."""
+
+    rollout_logprob_sum: torch.Tensor  # Σ_t log π_rollout
+    trainer_logprob_sum: torch.Tensor  # Σ_t log π_old
+    k3_kl: torch.Tensor                # mean_t of ρ - lr - 1 (lr clamped to ±20, as k3_kl above)
+    max_abs_gap: torch.Tensor          # max_t |log π_old - log π_rollout|
+    max_gap_position: torch.Tensor     # int64: 0-based position inside the response of that token
+    above_cap_share: torch.Tensor      # share of the row's tokens whose ρ exceeds the cap C (truncated by TIS)
+
+
+@torch.no_grad()
+def sequence_mismatch(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor,
+                      threshold: float = 2.0) -> SequenceMismatch:
+    """Per-sequence mismatch of [B, T] inputs; the batch's ``kl``, ``k3_kl`` and ``rollout_is_ratio_fraction_high``
+    (token modes) are the token-weighted means of (rollout - trainer sum) / n_b, ``k3_kl`` and ``above_cap_share``."""
+    old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
+    valid = mask > 0
+    n_b = mask.sum(-1)
+    lr = (old - roll) * mask
+    lr_safe = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    k3 = (torch.exp(lr_safe) - lr_safe - 1.0) * mask
+    gap = lr.abs().masked_fill(~valid, -1.0)
+    column = gap.argmax(dim=-1)
+    position = (valid.long().cumsum(dim=-1) - 1).gather(-1, column[:, None]).squeeze(-1)
+    has_tokens = n_b > 0
+    return SequenceMismatch(
+        rollout_logprob_sum=(roll * mask).sum(-1),
+        trainer_logprob_sum=(old * mask).sum(-1),
+        k3_kl=k3.sum(-1) / n_b.clamp(min=1),
+        max_abs_gap=gap.max(dim=-1).values.clamp(min=0.0),
+        max_gap_position=torch.where(has_tokens, position, torch.full_like(position, -1)),
+        above_cap_share=((lr > math.log(threshold)) & valid).double().sum(-1) / n_b.clamp(min=1),
+    )
 
 
 @torch.no_grad()

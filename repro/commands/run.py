@@ -41,8 +41,18 @@ def execute(args) -> Path:
         getattr(progress, "close", lambda: None)()
     if not outcome.already_finished:
         print(f"run finished in {outcome.seconds:.1f} s (warm-up {outcome.warmup_s:.1f} s): {run_dir} "
-              "(metrics.jsonl, metrics.parquet, eval/, checkpoints/)")
+              f"({', '.join(run_records(recipe))})")
     return run_dir
+
+
+def run_records(recipe) -> list[str]:
+    """What the run directory holds for a reader, as the recipe's tracking section decided."""
+    tracking = recipe.tracking
+    records = ["metrics.jsonl", "metrics.parquet", "eval/", "checkpoints/"]
+    records += ["rollouts/ (repro rollouts RUN --step N)"] if tracking.rollouts and recipe.engine == "repro" else []
+    records += ["tensorboard/"] if tracking.tensorboard else []
+    records += [f"wandb/ ({tracking.wandb.mode})"] if tracking.wandb.enabled else []
+    return records
 
 
 def run(args) -> int:

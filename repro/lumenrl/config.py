@@ -192,13 +192,15 @@ def recipe_settings(recipe: "Recipe") -> dict[str, Any]:
 def run_settings(recipe: "Recipe", checkpoint_dir: str | os.PathLike, resume: bool) -> dict[str, Any]:
     """Keys this run and this site decide: where checkpoints go, whether to resume, node pinning, W&B, and the
     per-step log line the stream reads (``log_interval`` 1)."""
+    from repro.lumenrl.tracking import logger_settings
+
     pins = {"actor": recipe.lumenrl.actor_node_ips, "rollout": recipe.lumenrl.rollout_node_ips}
     return {
         "checkpointing.checkpoint_dir": str(checkpoint_dir),
         "checkpointing.resume": bool(resume),
         # the published file pins AMD's own machines by IP; elsewhere that placement could never be satisfied
         **{f"controller.ray.{role}.topology_tags": ({"node_ips": ips} if ips else {}) for role, ips in pins.items()},
-        "logger.wandb_enabled": recipe.lumenrl.wandb,
+        **logger_settings(recipe),  # the recipe's tracking.wandb (repro.lumenrl.tracking)
         "logger.log_interval": 1,
     }
 

@@ -28,6 +28,7 @@ from repro.lumenrl import config as lumenrl_config
 from repro.lumenrl import launch
 from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpoints
 from repro.lumenrl.stream import ORIGINS_FILE, MetricsStream
+from repro.lumenrl.tracking import wandb_env
 
 LOG = Path("logs") / "lumenrl.log"
 WORK = Path("lumenrl")  # config.yaml, command.sh, process.json, finished.json, origins.json
@@ -77,7 +78,7 @@ def prepare_config(recipe: Recipe, run_dir: Path, resume: bool) -> tuple[Path, l
     header += [f"  {key}: {old!r} -> {new!r}" for key, old, new in changed]
     header += [f"Note: {note}" for note in lumenrl_config.config_notes(recipe)]
     path = lumenrl_config.write_config(written, run_dir / WORK / "config.yaml", "\n".join(header))
-    command, env = launch.lumenrl_command(recipe, path), launch.lumenrl_env(recipe)
+    command, env = launch.lumenrl_command(recipe, path), {**launch.lumenrl_env(recipe), **wandb_env(recipe, run_dir)}
     script = run_dir / WORK / ".command.sh.tmp"
     script.write_text(launch.command_script(command, env, launch.checkout_dir(recipe)))
     script.replace(run_dir / WORK / "command.sh")
@@ -115,6 +116,7 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
     shards go to checkpoint_dir on the trainer nodes, which `repro check` (notebook 00) looks at."""
     from repro.errors import ReproError
     from repro.recipes import dump_recipe, require_paths
+    from repro.run.sinks import check_sinks, open_sinks
 
     problems = launch.checkout_problems(recipe)
     if problems:
@@ -132,6 +134,7 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
     except OSError as err:
         raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
     require_paths(recipe, ("model.path", "data.train.path", "data.eval.path"))  # the driver loads them here
+    check_sinks(recipe, run_dir)
     dump_recipe(recipe, run_dir / "recipe.yaml")
     ended = launch.end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
@@ -144,6 +147,7 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
     (run_dir / WORK / "finished.json").unlink(missing_ok=True)
     if not start_step:
         (run_dir / WORK / ORIGINS_FILE).unlink(missing_ok=True)
+    metrics.sinks = open_sinks(recipe, run_dir, metrics.rows())  # TensorBoard; W&B is LumenRL's own (tracking.py)
     return metrics, start_step
 
 
@@ -172,6 +176,7 @@ def run_lumenrl(recipe: Recipe, plan: RunPlan, *, progress: Progress = no_progre
     first_row_s = None
     with ExitStack() as stack:
         stack.enter_context(terminate_as_exit())
+        stack.push(lambda kind, err, tb: metrics.close(exit_code=0 if kind is None else 1))
         process = launch.start_lumenrl(command, env, launch.checkout_dir(recipe), log)
         stack.callback(_stop, process, grace_s, say, work / "process.json")
         launch.record_process(work / "process.json", process)

@@ -189,6 +189,24 @@ class WeightSyncConfig(Section):
     timeout_s: float = Field(7200.0, gt=0, description="Abort a sync that takes longer than this (LumenRL's longrun file: 7200 s; its header comment still says 1200 s).")
 
 
+class WandbTracking(Section):
+    """W&B, fed the rows of metrics.jsonl as they are written (engine lumenrl: LumenRL's own W&B logger instead)."""
+
+    enabled: bool = Field(False, description="Log the run to W&B: keys = the metrics.jsonl keys, step = the optimizer step, evaluations at their steps, config = the resolved recipe; the run id is kept in <run_dir>/wandb/run_id so a resumed run continues it.")
+    mode: Literal["offline", "online"] = Field("offline", description="offline: W&B's files only, under <run_dir>/wandb (upload later with `wandb sync`); online: streamed, after `wandb login`.")
+    project: str = Field("repro", description="W&B project (AMD logged LumenRL's run to project LumenRL).")
+    entity: str | None = Field(None, description="W&B entity (user or team); null: the logged-in user's default.")
+    name: str | None = Field(None, description="W&B run name; null: the run directory's name (engine lumenrl: LumenRL's own default).")
+
+
+class TrackingConfig(Section):
+    """What a run records besides metrics.jsonl, eval/ and its checkpoints; none of it changes the run."""
+
+    wandb: WandbTracking = Field(default_factory=WandbTracking, description="Weights & Biases (needs `pip install 'repro[wandb]'`).")
+    tensorboard: bool = Field(False, description="Write TensorBoard event files under <run_dir>/tensorboard from the rows of metrics.jsonl (needs `pip install 'repro[tensorboard]'`); `tensorboard --logdir <run_dir>/tensorboard`.")
+    rollouts: bool = Field(True, description="Write every step's trajectories (prompt, response, reward, advantage, log-prob sums, largest rollout/trainer gap, share above the TIS cap) to <run_dir>/rollouts/step_NNNNNN.jsonl.gz; `repro rollouts RUN --step N` prints them. engine lumenrl: not written (LumenRL's rollouts stay in its process).")
+
+
 class LumenRLSettings(Section):
     """Where AMD's LumenRL lives and the site settings its config needs; used when ``engine`` is lumenrl."""
 
@@ -198,7 +216,6 @@ class LumenRLSettings(Section):
     checkpoint_dir: str | None = Field(None, description="LumenRL's checkpointing.checkpoint_dir (global_step_N/), the same path on every trainer node; null: <run_dir>/checkpoints.")
     actor_node_ips: str | None = Field(None, description="Comma-separated IPs that pin LumenRL's trainer workers (topology_tags.node_ips); null: unpinned (the published file pins AMD's machines).")
     rollout_node_ips: str | None = Field(None, description="Comma-separated IPs that pin LumenRL's rollout workers; null: unpinned.")
-    wandb: bool = Field(False, description="Let LumenRL log to W&B as well (needs WANDB_API_KEY and your logger.wandb.* overrides); metrics.jsonl is written either way.")
     overrides: list[str] = Field(default_factory=list, description="LumenRL 'dotted.key=value' overrides appended to its command line (e.g. weight_sync.rdma.interface=ens14np0).")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for LumenRL over run_grpo_dsv4.sh's (e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME for your NICs).")
     ray_stop_first: bool = Field(False, description="Run `ray stop --force` on this node before starting, as run_grpo_dsv4.sh does unless LUMENRL_KEEP_RAY_CLUSTER=1; false keeps the cluster `ray start` built.")
@@ -225,6 +242,7 @@ class Recipe(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints and resume.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer-to-rollout weight sync.")
     lumenrl: LumenRLSettings = Field(default_factory=LumenRLSettings, description="AMD's LumenRL as the engine (engine: lumenrl): checkout, site settings.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="W&B, TensorBoard and the rollouts on disk: records of the run, not settings of it.")
 
     @property
     def trajectories_per_step(self) -> int:

@@ -3,8 +3,9 @@
 Each step: 32 prompts -> 8 responses each from the rollout (FP8 weights, routing recorded) -> DAPO reward ->
 GRPO advantages -> one update with truncated importance weights (cap 2.0), the old log-probs from the trainer
 with the rollout's routing replayed (from the update's own forward when exact) -> mismatch metrics (KL, ESS)
--> the new weights are sent to the rollout in buckets and re-quantised to FP8 there -> log. Evaluate avg@8 on
-the held-out set after step 1 and every ``eval.every_steps`` (AMD: 5), checkpoint every 25 steps.
+-> the step's trajectories to rollouts/ -> the new weights are sent to the rollout in buckets and re-quantised to
+FP8 there -> log (metrics.jsonl; from there TensorBoard and W&B when the recipe's ``tracking`` asks). Evaluate
+avg@8 on the held-out set after step 1 and every ``eval.every_steps`` (AMD: 5), checkpoint every 25 steps.
 
 Where this departs from the published run, and why: on a CPU the trainer is the embedded torch trainer and
 the rollout the embedded engine (the Megatron-core and vLLM backends implement the same calls); everything
@@ -20,7 +21,7 @@ from repro.run.restarts import at_step
 from repro.run.state import Run
 from repro.run.steps import (
     StepClock, evaluate_and_log, evaluates_after, generate_rollouts, log_step, make_train_batch, mismatch_metrics,
-    save_checkpoint_now, score_rollouts, sync_weights, update_policy,
+    save_checkpoint_now, save_rollouts, score_rollouts, sync_weights, update_policy,
 )
 
 
@@ -40,6 +41,7 @@ def train(run: Run) -> None:
             grouped = make_train_batch(run, rollout, rewards)
             updated = update_policy(run, clock, grouped.batch)
             mismatch = mismatch_metrics(run, updated.batch)
+            clock.time("rollouts_file", save_rollouts, run, problems, rollout, rewards, updated.batch, step)
             sync = clock.time("sync", sync_weights, run.trainer, run.rollout, step)
             log_step(run, step, clock, rollout, rewards, grouped, mismatch, updated.metrics, sync)
             if evaluates_after(recipe, step):

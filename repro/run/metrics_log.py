@@ -6,6 +6,9 @@ frameworks' exports line up with ours.
 
 An append either adds the whole line or leaves the file as it was: a write that fails part-way (disk full, file
 size limit) is cut back to the previous end, so a later reader never meets a torn row in the middle of the log.
+
+This is the one place rows are written: each appended row then goes to the log's sinks (TensorBoard, W&B:
+``repro.run.sinks``), so those records hold what this file holds.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from repro.errors import ReproError, TornLineWarning
+
+if TYPE_CHECKING:
+    from repro.run.sinks import Sink
 
 
 def _clean(value):
@@ -26,11 +33,13 @@ def _clean(value):
 
 
 class MetricsLog:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, sinks: "list[Sink] | None" = None):
         self.path = Path(path)
+        self.sinks = list(sinks or [])
 
     def append(self, row: dict) -> None:
-        data = (json.dumps({k: _clean(v) for k, v in row.items()}, sort_keys=False) + "\n").encode()
+        row_cleaned = {k: _clean(v) for k, v in row.items()}
+        data = (json.dumps(row_cleaned, sort_keys=False) + "\n").encode()
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as err:
@@ -47,11 +56,19 @@ class MetricsLog:
                 raise self._not_written(row, err) from None
         finally:
             os.close(fd)
+        for sink in self.sinks:
+            sink.log(row_cleaned)
 
     def _not_written(self, row: dict, err: OSError) -> ReproError:
         what = f"the {row.get('kind', 'train')} row of step {row.get('step', '?')}"
         return ReproError(f"{self.path}: could not append {what} ({err.strerror or err}); the log is left as it was, "
                           "ending at its previous complete row")
+
+    def close(self, exit_code: int = 0) -> None:
+        """End every sink (W&B marks its run finished, or failed with a non-zero ``exit_code``)."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(exit_code)
 
     def rows(self) -> list[dict]:
         """All complete rows; a torn last line (killed mid-write) is ignored."""

@@ -5,6 +5,8 @@ Run directory layout (documented in README):
     data/                  generated datasets (tiny recipe)
     metrics.jsonl          one row per step and per evaluation (metrics.parquet at the end)
     eval/step_NNNNNN.json  per-problem correct counts and a sample response
+    rollouts/step_NNNNNN.jsonl.gz  every trajectory of the step (tracking.rollouts)
+    tensorboard/, wandb/   the same rows as metrics.jsonl for TensorBoard and W&B (tracking.tensorboard, .wandb)
     checkpoints/step_NNNNNN/  trainer state + loop state + the log up to that step (newest `keep_last`)
     logs/                  Ray and run logs; workers.json: each worker's process id, host and log file, per start
     run.lock               held (flock) by the run using the folder; it names that run's process
@@ -30,6 +32,8 @@ from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError
 from repro.run.metrics_log import MetricsLog
+from repro.run.rollouts_file import NoRollouts, RolloutsDir
+from repro.run.sinks import check_sinks, open_sinks
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.run.state import Run
@@ -105,6 +109,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
         )
     for sub in ("logs", "eval", "checkpoints"):
         (run_dir / sub).mkdir(exist_ok=True)
+    check_sinks(recipe, run_dir)
     dump_recipe(recipe, run_dir / "recipe.yaml")
 
 
@@ -151,9 +156,9 @@ def check_inputs(recipe: Recipe, run_dir: Path, resume: bool) -> Path:
 def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout: RolloutGroup,
              resume: bool = False) -> Run:
     """The run over started groups: data loaded, and with ``resume`` the newest complete checkpoint restored
-    (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout."""
+    (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout; then the
+    tracking sinks started on the log as it now stands (the caller closes them: ``run.metrics.close()``)."""
     from repro.model.hf_folder import load_tiny_tokenizer
-    from repro.run.steps import sync_weights
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(recipe)
@@ -166,11 +171,14 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
         eval_problems=held_out, eval_prompt_ids=all_prompt_ids(tokenizer, held_out, recipe.data.eval.template),
         sampler=PromptSampler(len(train), recipe.algorithm.prompts_per_step, recipe.seed),
         metrics=MetricsLog(run_dir / "metrics.jsonl"),
+        rollouts=(RolloutsDir(run_dir, tokenizer, recipe.rollout_correction.threshold) if recipe.tracking.rollouts
+                  else NoRollouts()),
     )
     if resume:
         checkpoint = latest_checkpoint(run.checkpoint_dir)
         if checkpoint is None:  # stopped before the first checkpoint: start over cleanly
             restore_log(run.metrics, None)
+            run.metrics.sinks = open_sinks(recipe, run_dir, run.metrics.rows())
             return run
         state = checkpoint.loop_state()
         trainer.load(checkpoint.trainer_dir)
@@ -179,6 +187,7 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
         restore_log(run.metrics, checkpoint.path / "metrics.jsonl")
         sync_weights(trainer, rollout, state["weight_version"])
         run.start_step = checkpoint.step
+    run.metrics.sinks = open_sinks(recipe, run_dir, run.metrics.rows())
     return run
 
 

@@ -179,6 +179,8 @@ class Attempt:
                 warmup_s = time.perf_counter() - warmup
                 say(f"groups started in {warmup_s:.1f} s ({'in this process' if self.session is None else 'on Ray'})")
                 run = open_run(self.recipe, self.run_dir, trainer, rollout, resume=resume)
+                # the tracking sinks end with the attempt, marked failed when it raised (W&B's run state)
+                stack.push(lambda kind, err, tb: run.metrics.close(exit_code=0 if kind is None else 1))
                 self.restarts.log_pending(run.metrics, run.start_step)
             run.progress, run.warmup_s = progress, warmup_s
             train(run)

@@ -15,6 +15,7 @@ from repro.data.sampler import PromptSampler
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.recipes.schema import Recipe
 from repro.run.metrics_log import MetricsLog
+from repro.run.rollouts_file import NoRollouts, RolloutSink
 
 Progress = Callable[[int, dict], None]
 
@@ -36,6 +37,7 @@ class Run:
     eval_prompt_ids: list[list[int]]
     sampler: PromptSampler
     metrics: MetricsLog
+    rollouts: RolloutSink = field(default_factory=NoRollouts)  # each step's trajectories (tracking.rollouts)
     start_step: int = 0
     progress: Progress = field(default=no_progress)
     warmup_s: float | None = None  # starting the groups; logged once, on the first row this process writes

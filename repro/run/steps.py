@@ -19,6 +19,7 @@ from repro.recipes.schema import Recipe
 from repro.reward import RewardResult, accuracy, mean_score, score_response
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams
 from repro.run.checkpoints import driver_rng_state, save_checkpoint
+from repro.run.rollouts_file import StepTrajectories
 from repro.run.state import Run
 from repro.sync import SyncStats
 from repro.train.batch import TrainBatch, build_batch
@@ -119,6 +120,12 @@ def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
         batch.old_logprobs, batch.rollout_logprobs, batch.response_mask,
         mode=c.mode, threshold=c.threshold, threshold_lower=c.lower_threshold, verl=c.verl_metrics,
     )
+
+
+def save_rollouts(run: Run, problems: list[int], rollout: RolloutResult, rewards: list[RewardResult],
+                  batch: TrainBatch, step: int) -> None:
+    """The step's trajectories to rollouts/ (tracking.rollouts; with it off, ``run.rollouts`` does nothing)."""
+    run.rollouts.write(step, StepTrajectories([run.train_problems[i] for i in problems], rollout, rewards, batch))
 
 
 def sync_weights(trainer: TrainerGroup, rollout: RolloutGroup, version: int) -> SyncStats:
