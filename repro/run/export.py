@@ -76,7 +76,11 @@ def trainer_meta(trainer_dir: Path) -> dict:
     """``trainer_state.json`` of an embedded trainer's state, after checking the files the export reads."""
     ranks = sorted(p.name for p in trainer_dir.glob("rank-*")) if trainer_dir.is_dir() else []
     state = trainer_dir / "trainer_state.json"
-    backend = json.loads(state.read_text()).get("backend", "embedded") if state.is_file() else None
+    try:
+        meta = json.loads(state.read_text()) if state.is_file() else {}
+    except ValueError as err:
+        raise CheckpointError(f"{state}: not valid JSON ({err})") from None
+    backend = meta.get("backend", "embedded")
     if ranks or backend == "megatron":
         raise CheckpointError(
             f"{trainer_dir}: Megatron trainer state ({len(ranks) or 1} rank folder(s)); repro export reads the "
@@ -87,7 +91,9 @@ def trainer_meta(trainer_dir: Path) -> dict:
     missing = [name for name in TRAINER_FILES if not (trainer_dir / name).is_file()]
     if missing:
         raise CheckpointError(f"{trainer_dir}: incomplete trainer state, no {', '.join(missing)}")
-    return json.loads(state.read_text())
+    if meta.get("dtype") not in DTYPES:
+        raise CheckpointError(f"{state}: trainer dtype {meta.get('dtype')!r}, expected one of {sorted(DTYPES)}")
+    return meta
 
 
 def model_folder(recipe, model_dir: str | Path | None) -> Path:
