@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-tiny": ("repro.commands.build_tiny", "build the tiny DeepSeek-V4 checkpoint + tokenizer (random init, seeded)"),
     "warmstart": ("repro.commands.warmstart", "SFT warm start of the tiny DeepSeek-V4 on tiny-math"),
     "convert": ("repro.commands.convert", "convert a BF16 HF checkpoint to block-wise FP8 (e4m3fn / e4m3fnuz)"),
+    "export": ("repro.commands.export", "a run's checkpoint as a release-layout (or --layout hf) safetensors folder with config, tokenizer and model card"),
     "run": ("repro.commands.run", "the RL run of a recipe on Ray (--resume continues from the newest checkpoint)"),
     "check": ("repro.commands.check", "is this machine / Ray cluster ready for a recipe (PASS/WARN/FAIL/SKIP, --json)"),
     "launch": ("repro.commands.launch", "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),

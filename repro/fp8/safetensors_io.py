@@ -20,7 +20,7 @@ import struct
 import threading
 import traceback
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -280,6 +280,28 @@ class StreamingWriter:
         if tensor.numel():
             raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             self._put(memoryview(raw[done:].numpy()))
+
+    def write_pieces(self, name: str, pieces: Iterable[torch.Tensor]) -> None:
+        """Write the next planned tensor from ``pieces``: consecutive runs of its row-major elements in its dtype,
+        whose sizes add up to the tensor's. A producer then holds one slab at a time, never the whole tensor (the
+        checkpoint export reads, converts and writes a stacked-expert tensor this way); each piece is copied out
+        before the next is asked for, so a piece may live in a buffer the producer reuses."""
+        want = self._plan[self._next] if self._next < len(self._plan) else None
+        if want is None or want[0] != name or self._streamed:
+            raise RuntimeError(f"{self.path}: tensor {name} out of plan, expected {want}")
+        _, dtype, shape = want
+        total, done = math.prod(shape) * dtype.itemsize, 0
+        for piece in pieces:
+            if piece.dtype != dtype:
+                raise RuntimeError(f"{self.path}: tensor {name}: a piece is {piece.dtype}, the plan says {dtype}")
+            raw = piece.detach().contiguous().reshape(-1).view(torch.uint8)
+            if done + raw.numel() > total:
+                raise RuntimeError(f"{self.path}: tensor {name}: pieces overrun its {total} bytes")
+            self._put(memoryview(raw.numpy()))
+            done += raw.numel()
+        if done != total:
+            raise RuntimeError(f"{self.path}: tensor {name}: pieces held {done} of its {total} bytes")
+        self._next += 1
 
     def stream(self, name: str, flat: torch.Tensor, ready: int) -> None:
         """Write the first `ready` elements of the next planned tensor (`flat`: its 1-D contiguous memory) ahead

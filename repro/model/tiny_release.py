@@ -25,6 +25,7 @@ from typing import Iterator
 import torch
 from safetensors.torch import save_file
 
+from repro.errors import CheckpointError
 from repro.model import layouts
 from repro.model.release_config import release_config
 
@@ -143,9 +144,11 @@ def write_checkpoint(model, tokenizer, out_dir: str | Path, *, layout: str = lay
 
 
 @contextmanager
-def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None) -> Iterator[Path]:
+def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None,
+                  replace: bool = True) -> Iterator[Path]:
     """A temp folder beside ``out_dir`` to write a checkpoint into; on success ``extra_files`` (name -> text) are
-    added and it is renamed onto ``out_dir``; on any failure it is removed and ``out_dir`` is left as it was."""
+    added and it is renamed onto ``out_dir``; on any failure it is removed and ``out_dir`` is left as it was.
+    ``replace=False``: an ``out_dir`` that exists by then is refused (CheckpointError naming it), not replaced."""
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -156,7 +159,12 @@ def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None
         tmp.chmod(0o755)  # mkdtemp makes a private folder; a shipped checkpoint is read like any other file
         for file in tmp.iterdir():
             file.chmod(0o644)
-        replace_dir(tmp, out)
+        if replace:
+            replace_dir(tmp, out)
+        elif out.exists():
+            raise CheckpointError(f"{out} already exists; nothing was written to it (choose a new output folder)")
+        else:
+            tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
