@@ -18,6 +18,7 @@ import torch  # noqa: E402
 import repro.train.megatron.optimizers as optimizers  # noqa: E402
 import repro.train.megatron.trainer as trainer_module  # noqa: E402
 from repro.recipes import load_recipe  # noqa: E402
+from repro.train.base import TrainerError  # noqa: E402
 from repro.train.megatron.config import megatron_layout  # noqa: E402
 from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
 from test_megatron_contract import make_megatron_batch, one_thread  # noqa: E402,F401
@@ -136,11 +137,11 @@ def test_gpu_path_takes_the_recipe_config_and_steps_as_the_project_adamw(stand_i
     gpu.load(tmp_path / "state")
     assert optimizer.state_calls == [(False, optimizers.DISTRIB_OPTIM_SHARDING), (True, optimizers.DISTRIB_OPTIM_SHARDING)]
     assert optimizer.loaded == [{}]
+    with pytest.raises(TrainerError, match="optimizer state of MegatronAdamW, this trainer steps ProjectAdamW"):
+        cpu.load(tmp_path / "state")  # a GPU run's optimizer state cannot continue on the CPU lane's optimizer
 
 
 def test_a_gpu_trainer_refuses_the_old_per_rank_format(stand_in, tmp_path):
-    from repro.train.base import TrainerError
-
     gpu = MegatronTrainer.from_recipe(load_recipe("tiny-cpu", SETS))
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "model.safetensors").write_bytes(b"")

@@ -151,7 +151,8 @@ def save_state(trainer, directory: str | Path) -> Path:
         adam_step = trainer.opt.adam_step()
         if rank0:
             meta = {"format": FORMAT_VERSION, "backend": "megatron", "step": trainer.step, "updates": trainer.updates,
-                    "dtype": trainer.dtype_name, "adam_step": adam_step, "layout": layout(),
+                    "dtype": trainer.dtype_name, "optimizer": type(trainer.opt).__name__, "adam_step": adam_step,
+                    "layout": layout(),
                     "rng": sorted(rng_states())}
             (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
             if final.exists():
@@ -186,6 +187,10 @@ def load_state(trainer, folder: Path, meta: dict) -> None:
         raise TrainerError(f"{folder / STATE_FILE}: backend {meta.get('backend')!r}, want 'megatron'")
     if meta.get("dtype") != trainer.dtype_name:
         raise TrainerError(f"{folder / STATE_FILE}: saved by a {meta.get('dtype')} trainer, this one is {trainer.dtype_name}")
+    if meta.get("optimizer") != type(trainer.opt).__name__:
+        raise TrainerError(f"{folder / STATE_FILE}: optimizer state of {meta.get('optimizer')}, this trainer steps "
+                           f"{type(trainer.opt).__name__} (megatron's on a GPU, the project's AdamW on CPU: "
+                           "repro.train.megatron.optimizers); their states do not convert")
     check_metadata(folder / DIST_DIR)
     same_layout = meta.get("layout") == layout()
     model_sd = trainer.model.sharded_state_dict()
