@@ -84,8 +84,10 @@ def test_launch_runs_two_megatron_ranks_with_the_rollout_and_resumes(tmp_path, q
     assert step["step"] == 1 and step["weight_sync/version"] == 1
     # the rollout (FP8 view of the HF model) and the megatron ranks (fp32, TP 2, experts replayed) agree
     assert abs(step["rollout_corr/k3_kl"]) < 1e-3 and step["rollout_corr/rollout_is_eff_sample_size"] > 0.99
-    ranks = sorted(p.name for p in (run_dir / "checkpoints" / "step_000001" / "trainer").iterdir())
-    assert ranks == ["rank-00000", "rank-00001"]
+    # both ranks wrote one dist checkpoint (megatron's dist_checkpointing), sealed with the run's checkpoint
+    trainer_dir = run_dir / "checkpoints" / "step_000001" / "trainer"
+    assert sorted(p.name for p in trainer_dir.iterdir()) == ["dist", "trainer_state.json"]
+    assert json.loads((trainer_dir / "trainer_state.json").read_text())["layout"]["tensor_model_parallel_size"] == 2
 
     rows = _launch(run_dir, qwen3_dir, 2, "--resume")
     steps = [r for r in rows if "weight_sync/version" in r]

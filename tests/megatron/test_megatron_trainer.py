@@ -26,9 +26,21 @@ def test_bf16_trainer_exports_bf16_weights_and_keeps_fp32_masters(tmp_path):
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     weights = dict(trainer.named_weights())
     assert weights and all(w.dtype == torch.bfloat16 for w in weights.values())
-    assert all(m.dtype == torch.float32 for m in trainer.opt.master_state().values())
+    assert all(m.dtype == torch.float32 for m in trainer.opt.inner.master_state().values())
     saved = trainer.save(tmp_path / "state")
-    assert (saved / "master.safetensors").is_file()
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+
+    from repro.train.megatron.optimizers import _sharded_params
+
+    # the fp32 masters are in the dist checkpoint beside the bf16 weights, sharded as their parameters (megatron's
+    # keys: layers and experts stacked into one global tensor each)
+    saved_tensors = load_tensors_metadata(str(saved / "dist"))
+    sharded = _sharded_params(trainer.model, trainer.model.sharded_state_dict())
+    assert len({t.key for t in sharded.values()}) < len(sharded)  # stacked: fewer global tensors than parameters
+    for name, param in sharded.items():
+        master = saved_tensors[f"optimizer.master.{param.key}"]
+        assert master.dtype == torch.float32 and master.global_shape == saved_tensors[param.key].global_shape, name
+        assert saved_tensors[param.key].dtype == torch.bfloat16
 
 
 def test_export_names_maps_the_synced_weights():

@@ -31,7 +31,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     init_distributed_from_env()
     recipe = load_recipe("tiny-cpu", BASE)
     trainer = MegatronTrainer.from_recipe(recipe)
-    assert isinstance(trainer.opt, ShardedMasterAdamW)
+    assert isinstance(trainer.opt.inner, ShardedMasterAdamW)
     batch = make_megatron_batch(trainer.model, seed=5)
     batch.old_logprobs = trainer.logprobs(batch).logprobs
     trainer.train_step(batch)
@@ -41,10 +41,10 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     continued_metrics, resumed_metrics = trainer.train_step(batch), resumed.train_step(batch)
     tensors = {f"continued.{n}": p.detach() for n, p in trainer.model.named_parameters()}
     tensors.update({f"resumed.{n}": p.detach() for n, p in resumed.model.named_parameters()})
-    tensors["state_bytes"] = torch.tensor([trainer.opt.state_bytes()])
+    tensors["state_bytes"] = torch.tensor([trainer.opt.inner.state_bytes()])
     tensors["loss"] = torch.tensor([continued_metrics["actor/loss"], resumed_metrics["actor/loss"]], dtype=torch.float64)
     save_file(tensors, os.path.join(out, f"rank{rank}.safetensors"),
-              metadata={"owned": ",".join(trainer.opt.owned_names), "all": ",".join(trainer.opt.names)})
+              metadata={"owned": ",".join(trainer.opt.inner.owned_names), "all": ",".join(trainer.opt.names)})
 
 
 def test_dp2_megatron_ranks_shard_adam_state_and_resume_bit_for_bit(tmp_path):

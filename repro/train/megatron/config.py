@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from repro.recipes.schema import Recipe
+from repro.recipes.schema import OptimConfig, Recipe
 
 
 def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
@@ -55,7 +55,26 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "moe_router_load_balancing_type": "none",  # GRPO fine-tuning: no aux loss (kl/entropy/aux all 0)
         "moe_aux_loss_coeff": 0.0,
     }
-    optimizer = {
+    optimizer = optimizer_config(optim, bf16=bf16, distributed=multi_rank, offload=actor.optimizer_cpu_offload,
+                                 offload_fraction=actor.optimizer_offload_fraction, moments=moments)
+    ddp = ddp_config(multi_rank)
+    return {"parallel_state": parallel_state, "transformer": transformer, "optimizer": optimizer, "ddp": ddp}
+
+
+def ddp_config(distributed: bool) -> dict[str, Any]:
+    """``DistributedDataParallelConfig`` keyword arguments: fp32 gradient reduction, no overlap (one bucket)."""
+    return {
+        "use_distributed_optimizer": distributed,
+        "grad_reduce_in_fp32": True,
+        "overlap_grad_reduce": False,
+        "overlap_param_gather": False,
+    }
+
+
+def optimizer_config(optim: OptimConfig, *, bf16: bool, distributed: bool, offload: bool, offload_fraction: float = 1.0,
+                     moments: torch.dtype = torch.float32) -> dict[str, Any]:
+    """``OptimizerConfig`` keyword arguments for the recipe's AdamW (constant lr: warm-up is set per update)."""
+    return {
         "optimizer": "adam",
         "lr": optim.lr,
         "min_lr": optim.lr,  # constant schedule
@@ -66,23 +85,16 @@ def megatron_layout(recipe: Recipe) -> dict[str, dict[str, Any]]:
         "clip_grad": optim.grad_clip,
         "bf16": bf16,
         "params_dtype": torch.bfloat16 if bf16 else torch.float32,
-        "use_distributed_optimizer": multi_rank,
-        "optimizer_cpu_offload": actor.optimizer_cpu_offload,
-        "optimizer_offload_fraction": actor.optimizer_offload_fraction if actor.optimizer_cpu_offload else 0.0,
-        "overlap_cpu_optimizer_d2h_h2d": actor.optimizer_cpu_offload,
+        "use_distributed_optimizer": distributed,
+        "optimizer_cpu_offload": offload,
+        "optimizer_offload_fraction": offload_fraction if offload else 0.0,
+        "overlap_cpu_optimizer_d2h_h2d": offload,
         # megatron's HybridDeviceOptimizer (CPU offload) and moments below fp32 both run through the
         # precision-aware path, which megatron allows only with the distributed optimizer
-        "use_precision_aware_optimizer": multi_rank and (actor.optimizer_cpu_offload or moments != torch.float32),
+        "use_precision_aware_optimizer": distributed and (offload or moments != torch.float32),
         # BF16 moments as LumenRL's DSV4 config keeps them. megatron-core 0.16.1 hands these to the GPU Adam only:
         # its HybridDeviceOptimizer (optimizer_cpu_offload) builds torch's Adam without them, so offloaded moments
         # stay fp32 there (repro.cluster.memory_budget counts them so)
         "exp_avg_dtype": moments,
         "exp_avg_sq_dtype": moments,
     }
-    ddp = {
-        "use_distributed_optimizer": multi_rank,
-        "grad_reduce_in_fp32": True,
-        "overlap_grad_reduce": False,
-        "overlap_param_gather": False,
-    }
-    return {"parallel_state": parallel_state, "transformer": transformer, "optimizer": optimizer, "ddp": ddp}

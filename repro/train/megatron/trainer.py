@@ -26,13 +26,12 @@ and re-arms a micro-batch's experts when its backward starts, so a full-recomput
 experts even after 1F1B has run later forwards. Megatron routes a ``[seq * batch]`` token order (sequence
 first), so ``[B, T, k]`` tables are transposed.
 
-On CPU ``repro.train.megatron.cpu_shim`` patches megatron-core's CUDA assumptions (gloo, any world size) and the
-optimizer is the project's fp32-master AdamW (``MasterAdamW``, the update Megatron's mixed-precision optimizer
-does) over this rank's shard, clipped by the global norm -- sharded ZeRO-1 style over the data-parallel replicas
-(``repro.train.zero1``) when the recipe maps to megatron's distributed optimizer (more than one worker): megatron-core 0.16.1's optimizers allocate on
-``device="cuda"`` outright (``FP32Optimizer._scale``, ``MixedPrecisionOptimizer._dummy_overflow_buf``), so they
-cannot be built on CPU. ``megatron_layout(...)["optimizer"]`` is the ``OptimizerConfig`` a GPU cluster's
-``get_megatron_optimizer`` (distributed, CPU-offloaded) would take -- not wired: see docs/megatron-dsv4.md.
+On CPU ``repro.train.megatron.cpu_shim`` patches megatron-core's CUDA assumptions (gloo, any world size). The
+optimizer is chosen in one place, ``repro.train.megatron.optimizers.trainer_optimizer``: on a GPU megatron's own
+(``get_megatron_optimizer``: distributed, CPU-offloaded, BF16 moments as the recipe says), on CPU the project's
+fp32-master AdamW, ZeRO-1-sharded over data-parallel replicas when distributed (megatron-core 0.16.1's optimizers
+cannot be built without CUDA). State is saved through ``megatron.core.dist_checkpointing``
+(``repro.train.megatron.dist_state``): one folder for all ranks, resumable bit for bit, reshardable.
 """
 
 from __future__ import annotations
@@ -50,13 +49,11 @@ from repro.train.embedded import cast_for_training
 from repro.train.grpo_update import (
     DTYPES, GRPOUpdate, UpdateStats, check_settings, recipe_settings, run_train_step,
 )
-from repro.train.megatron.config import megatron_layout
-from repro.train.optimizer import MasterAdamW
-from repro.train.zero1 import ShardedMasterAdamW
+from repro.train.megatron.config import ddp_config, megatron_layout, optimizer_config
+from repro.train.megatron.optimizers import trainer_optimizer
 from repro.train.megatron.parallel import (
-    RearmOnBackward, ensure_model_parallel, from_last_stage, global_grad_norm, is_expert, stage_sender,
-    lockstep_over_data_parallel, reduce_gradients, sum_over_data_parallel, vocab_parallel_entropy,
-    vocab_parallel_logprobs,
+    RearmOnBackward, ensure_model_parallel, from_last_stage, stage_sender, lockstep_over_data_parallel,
+    sum_over_data_parallel, vocab_parallel_entropy, vocab_parallel_logprobs,
 )
 from repro.train.megatron.stream_weights import stage_weights, whole_model_weights
 from repro.train.megatron.model import (
@@ -96,6 +93,8 @@ class MegatronTrainer:
         export_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
         distributed_optimizer: bool = False,
         optimizer_offload: bool = False,
+        megatron_optimizer: dict | None = None,
+        megatron_ddp: dict | None = None,
     ):
         ensure_model_parallel(parallel_state or dict(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
@@ -117,8 +116,13 @@ class MegatronTrainer:
         torch.manual_seed(seed)
         self.model = cast_for_training(model, dtype)
         self.routers = moe_routers(model)
-        self.opt = data_parallel_optimizer(model, self.optim, distributed_optimizer, optimizer_offload)
+        self.opt = trainer_optimizer(
+            model, self.optim, distributed=distributed_optimizer, offload=optimizer_offload,
+            megatron_optimizer=megatron_optimizer or optimizer_config(
+                self.optim, bf16=dtype == "bf16", distributed=distributed_optimizer, offload=optimizer_offload),
+            megatron_ddp=megatron_ddp or ddp_config(distributed_optimizer))
         self.opt.zero_grad()
+        self.resharded_from: dict[str, int] | None = None  # the layout a resharded load came from
         self.step = 0      # completed train_step calls
         self.updates = 0   # completed optimizer updates (drives the warm-up)
 
@@ -138,7 +142,8 @@ class MegatronTrainer:
         model, export_names = built if isinstance(built, tuple) else (built, None)
         settings = dict(recipe_settings(recipe), parallel_state=layout["parallel_state"], export_names=export_names,
                         distributed_optimizer=layout["optimizer"]["use_distributed_optimizer"],
-                        optimizer_offload=recipe.actor.optimizer_cpu_offload)
+                        optimizer_offload=recipe.actor.optimizer_cpu_offload,
+                        megatron_optimizer=layout["optimizer"], megatron_ddp=layout["ddp"])
         return cls(model, **{**settings, **overrides})
 
     # ---- megatron's forward/backward schedule with R3 ------------------------------------------------------
@@ -269,8 +274,7 @@ class MegatronTrainer:
         return micros
 
     def _optimizer_step(self, lr: float) -> float:
-        reduce_gradients(self.model)
-        return self.opt.step(lr, global_norm=global_grad_norm(self.model))
+        return self.opt.step(lr)
 
     # ---- weights and state ---------------------------------------------------------------------------------
 
@@ -292,37 +296,25 @@ class MegatronTrainer:
         """This rank's sender index in the weight sync (its pipeline stage), or None where it only gathers."""
         return stage_sender()
 
-    def _rank_dir(self, directory: str | Path) -> Path:
-        """Each rank keeps its own shard: ``directory`` itself at world size 1, ``directory/rank-NNNNN`` above."""
-        import torch.distributed as dist
-
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return Path(directory) if world == 1 else Path(directory) / f"rank-{dist.get_rank():05d}"
-
     def save(self, directory: str | Path) -> Path:
-        """Weights, fp32 masters (bf16), AdamW state, RNG and counters of this rank (replaced atomically)."""
-        from repro.train.trainer_state import save_trainer
+        """Model, optimizer state, RNG states and counters of every rank into one folder through megatron's
+        dist_checkpointing (collective: every rank passes the same path; replaced atomically)."""
+        from repro.train.megatron.dist_state import save_state
 
-        save_trainer(self, self._rank_dir(directory), backend="megatron", weights=weight_state(self.model), hf_config=False)
-        return Path(directory)
+        return save_state(self, directory)
 
     def load(self, directory: str | Path) -> None:
-        from repro.train.trainer_state import load_trainer
+        """Restore what ``save`` wrote (any parallel layout: resharded when it differs), or the per-rank
+        safetensors folders of the format before it (the same layout, the project's AdamW only)."""
+        from repro.train.megatron.dist_state import load_state, read_meta
+        from repro.train.megatron.old_state import load_old_format
 
-        load_trainer(self, self._rank_dir(directory), backend="megatron",
-                     load_weights=lambda weights, source: load_weights(self.model, weights, source))
-
-
-def data_parallel_optimizer(model: torch.nn.Module, optim: OptimConfig, distributed: bool, offload: bool):
-    """The rank's AdamW: ZeRO-1 (``repro.train.zero1``) when the recipe asks for megatron's distributed optimizer --
-    dense parameters sharded over the data-parallel group, experts over the expert-data-parallel group, as megatron
-    shards them -- else the whole ``MasterAdamW`` on every replica."""
-    if not distributed:
-        return MasterAdamW(model, optim)
-    from megatron.core import parallel_state as ps
-
-    dense, experts = ps.get_data_parallel_group(), ps.get_expert_data_parallel_group()
-    return ShardedMasterAdamW(model, optim, offload=offload, group_of=lambda name: experts if is_expert(name) else dense)
+        folder = Path(directory)
+        meta = read_meta(folder)
+        if meta is None:
+            load_old_format(self, folder)
+        else:
+            load_state(self, folder, meta)
 
 
 def resolve_model_provider(recipe: Recipe) -> Callable[..., torch.nn.Module]:
