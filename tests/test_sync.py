@@ -3,7 +3,6 @@ the engine refuses to generate from a half-applied update until a complete sync 
 
 import dataclasses
 import threading
-import zlib
 
 import pytest
 import torch
@@ -41,15 +40,33 @@ def test_bucket_boundaries_follow_the_byte_cap_and_each_stream_ends_with_a_marke
         next(pack_buckets(named(), 0, 1))
 
 
-def test_checksum_is_the_crc32_of_the_payload_and_the_header_is_json():
-    # zlib.crc32(struct.pack("<f", 1.0)) == 0xACA16A6A: the CRC covers the raw little-endian bytes
+def test_checksum_values_by_hand_and_the_header_is_json():
+    # struct.pack("<f", 1.0) == 00 00 80 3F: little-endian int16 words 0 and 0x3F80 = 16256; no whole block
     bucket = next(pack_buckets([("x", torch.tensor([1.0]))], 64, version=2))
-    assert bucket.header.checksum == 0xACA16A6A == payload_checksum(bucket.payload)
-    assert payload_checksum(torch.arange(256, dtype=torch.int64).view(torch.uint8)) == zlib.crc32(
-        torch.arange(256, dtype=torch.int64).numpy().tobytes())
+    assert bucket.header.checksum == 16256 == payload_checksum(bucket.payload)
+    # two whole blocks of 4096 words (all 1, then all 2), one more word (3), an odd last byte (5):
+    # plain 4096 + 8192 + 3 + 5, weighted 4096 * 1 + 8192 * 2
+    words = torch.cat([torch.ones(4096), torch.full((4096,), 2.0), torch.tensor([3.0])]).to(torch.int16)
+    payload = torch.cat([words.view(torch.uint8), torch.tensor([5], dtype=torch.uint8)])
+    assert payload_checksum(payload) == (20480 << 64) | 12296
+    swapped = torch.cat([payload[8192:16384], payload[:8192], payload[16384:]])  # the two blocks swapped
+    assert payload_checksum(swapped) == (16384 << 64) | 12296
+    assert payload_checksum(torch.tensor([0xFF, 0xFF], dtype=torch.uint8)) == (1 << 64) - 1  # word -1, mod 2^64
+    assert payload_checksum(payload[1:]) == payload_checksum(payload[1:].clone())  # an odd offset is read as a copy
+    assert payload_checksum(torch.empty(0, dtype=torch.uint8)) == 0
     assert BucketHeader.decode(bucket.header.encode(), "test") == bucket.header
     with pytest.raises(SyncError, match="test: unreadable bucket header"):
         BucketHeader.decode(b'{"version": 1}', "test")
+
+
+def test_a_flipped_bit_anywhere_changes_the_checksum():
+    payload = torch.randint(0, 256, (3 * 8192 + 7,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    reference = payload_checksum(payload)
+    for position in (0, 1, 8191, 8192, 20000, payload.numel() - 1):
+        for bit in (0, 7):
+            flipped = payload.clone()
+            flipped[position] ^= 1 << bit
+            assert payload_checksum(flipped) != reference, (position, bit)
 
 
 def test_round_trip_is_bit_exact_in_every_dtype():
