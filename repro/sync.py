@@ -95,35 +95,34 @@ class PackedBucket:
         return f"bucket {h.index} of sender {h.sender}"
 
 
-CHECKSUM_BLOCK = 4096  # int16 words per block of the checksum's position-weighted sum
+CHECKSUM_BLOCK = 512  # int64 words (4 KiB) per block of the checksum's position-weighted sum
 _MASK64 = (1 << 64) - 1
 
 
 def payload_checksum(payload: torch.Tensor) -> int:
     """A Fletcher-style checksum of a 1-D uint8 tensor, computed on its own device (no host copy of the payload).
 
-    The bytes are read as int16 words in blocks of ``CHECKSUM_BLOCK``: ``plain`` is the sum of every word (and an
-    odd last byte), ``weighted`` the sum of each block's sum times (block index mod 2^16) + 1, so a flipped bit,
-    a zeroed or truncated stretch and a swap of two blocks all change it. Both sums are int64 reductions with no
-    overflow for payloads up to 4 GiB (|word| < 2^15, 2^31 words; weights < 2^16 + 1); the result packs them
-    into one int: ``weighted << 64 | plain mod 2^64``. One pass over the bytes, plus two scalars to the host.
-    Not cryptographic: it guards against a transport's corruption and truncation, not against a forger.
+    The bytes are read as int64 words in blocks of ``CHECKSUM_BLOCK``; arithmetic is modulo 2^64 (two's-complement
+    wrap-around, the same on every device and in any reduction order). ``plain`` is the sum of every word and of
+    the last ``n mod 8`` bytes, ``weighted`` the sum of each whole block's sum times its index + 1: a flipped bit
+    changes ``plain`` by a power of two, a swap of two blocks changes ``weighted``, a zeroed or cut stretch both.
+    The result is ``weighted << 64 | plain``. One pass over the bytes at the memory's speed (int64 sums need no
+    widening), plus two scalars to the host. Not cryptographic: it guards against a transport's corruption and
+    truncation, not against a forger.
     """
     n = payload.numel()
     if n == 0:
         return 0
-    if payload.storage_offset() % 2:  # an int16 view needs an even byte offset
+    if payload.storage_offset() % 8:  # an int64 view needs an 8-byte aligned start
         payload = payload.clone()
-    words = payload[: n - n % 2].view(torch.int16)
+    words = payload[: n - n % 8].view(torch.int64)
     whole = words.numel() - words.numel() % CHECKSUM_BLOCK
-    blocks = words[:whole].view(-1, CHECKSUM_BLOCK).sum(dim=1, dtype=torch.int64)
-    weights = torch.arange(blocks.numel(), device=payload.device, dtype=torch.int64) % 65536 + 1
-    plain = blocks.sum() + words[whole:].sum(dtype=torch.int64)
+    blocks = words[:whole].view(-1, CHECKSUM_BLOCK).sum(dim=1)
+    weights = torch.arange(1, blocks.numel() + 1, device=payload.device, dtype=torch.int64)
+    plain = blocks.sum() + words[whole:].sum() + payload[n - n % 8:].sum(dtype=torch.int64)
     weighted = (blocks * weights).sum()
-    if n % 2:
-        plain = plain + payload[-1].to(torch.int64)
     sums = torch.stack([plain, weighted]).tolist()
-    return (int(sums[1]) << 64) | (int(sums[0]) & _MASK64)
+    return ((int(sums[1]) & _MASK64) << 64) | (int(sums[0]) & _MASK64)
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:

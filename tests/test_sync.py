@@ -41,18 +41,19 @@ def test_bucket_boundaries_follow_the_byte_cap_and_each_stream_ends_with_a_marke
 
 
 def test_checksum_values_by_hand_and_the_header_is_json():
-    # struct.pack("<f", 1.0) == 00 00 80 3F: little-endian int16 words 0 and 0x3F80 = 16256; no whole block
+    # struct.pack("<f", 1.0) == 00 00 80 3F: shorter than a word, so the byte sum 0x80 + 0x3F; no whole block
     bucket = next(pack_buckets([("x", torch.tensor([1.0]))], 64, version=2))
-    assert bucket.header.checksum == 16256 == payload_checksum(bucket.payload)
-    # two whole blocks of 4096 words (all 1, then all 2), one more word (3), an odd last byte (5):
-    # plain 4096 + 8192 + 3 + 5, weighted 4096 * 1 + 8192 * 2
-    words = torch.cat([torch.ones(4096), torch.full((4096,), 2.0), torch.tensor([3.0])]).to(torch.int16)
-    payload = torch.cat([words.view(torch.uint8), torch.tensor([5], dtype=torch.uint8)])
-    assert payload_checksum(payload) == (20480 << 64) | 12296
-    swapped = torch.cat([payload[8192:16384], payload[:8192], payload[16384:]])  # the two blocks swapped
-    assert payload_checksum(swapped) == (16384 << 64) | 12296
-    assert payload_checksum(torch.tensor([0xFF, 0xFF], dtype=torch.uint8)) == (1 << 64) - 1  # word -1, mod 2^64
-    assert payload_checksum(payload[1:]) == payload_checksum(payload[1:].clone())  # an odd offset is read as a copy
+    assert bucket.header.checksum == 191 == payload_checksum(bucket.payload)
+    # two whole blocks of 512 int64 words (all 1, then all 2), one more word (3), two last bytes (5, 7):
+    # plain 512 + 1024 + 3 + 12, weighted 512 * 1 + 1024 * 2
+    words = torch.cat([torch.ones(512), torch.full((512,), 2.0), torch.tensor([3.0])]).to(torch.int64)
+    payload = torch.cat([words.view(torch.uint8), torch.tensor([5, 7], dtype=torch.uint8)])
+    assert payload_checksum(payload) == (2560 << 64) | 1551
+    swapped = torch.cat([payload[4096:8192], payload[:4096], payload[8192:]])  # the two blocks swapped
+    assert payload_checksum(swapped) == (2048 << 64) | 1551
+    assert payload_checksum(torch.full((8,), 0xFF, dtype=torch.uint8)) == (1 << 64) - 1  # word -1, mod 2^64
+    assert payload_checksum(torch.tensor([1 << 62] * 4).view(torch.uint8)) == 0  # 2^64 wraps to 0
+    assert payload_checksum(payload[1:]) == payload_checksum(payload[1:].clone())  # a misaligned start: a copy
     assert payload_checksum(torch.empty(0, dtype=torch.uint8)) == 0
     assert BucketHeader.decode(bucket.header.encode(), "test") == bucket.header
     with pytest.raises(SyncError, match="test: unreadable bucket header"):
