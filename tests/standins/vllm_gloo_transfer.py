@@ -36,9 +36,13 @@ class _HostStream:
 
 @contextlib.contextmanager
 def no_device_streams():
-    """vLLM's packed transfer with its CUDA stream calls made no-ops (the one device step it takes besides NCCL)."""
+    """vLLM's packed transfer with its CUDA stream calls made no-ops (the one device step it takes besides NCCL);
+    on a GPU nothing is replaced (benchmarks/device_check_vllm.py uses the gloo group with real streams)."""
     from vllm.distributed.weight_transfer import packed_tensor
 
+    if torch.cuda.is_available():
+        yield
+        return
     with mock.patch.object(packed_tensor, "_get_streams", lambda index, count: tuple(_HostStream() for _ in range(count))), \
             mock.patch.object(torch.cuda, "stream", lambda stream: contextlib.nullcontext()), \
             mock.patch.object(torch.accelerator, "current_device_index", lambda: 0), \
