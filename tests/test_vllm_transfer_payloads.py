@@ -80,3 +80,32 @@ def test_trainer_stream_is_checked_tensor_by_tensor_before_it_is_packed():
         list(checked_stream([("a", a)], address, 1))
     with pytest.raises(SyncError, match="sent c after the 2 tensors announced"):
         list(checked_stream([("a", a), ("b", b), ("c", b)], address, 1))
+
+
+def test_the_embedded_trainers_export_order_is_the_update_info_it_announces(tmp_path):
+    """The trainer worker's side with vLLM's engine chosen: its address carries the served checkpoint's tensors
+    (read from the model folder), and the trainer's own export stream passes the per-tensor check in that order."""
+    from repro.groups.workers import RolloutWorker, TrainerWorker
+    from repro.model.served import served_from_folder
+    from repro.run.run_dir import check_inputs
+
+    recipe = load_recipe("tiny-cpu")
+    model_dir = check_inputs(recipe, tmp_path / "run", False)
+    trainer = TrainerWorker(recipe, model_dir)
+    assert trainer.vllm_transfer is False  # the CPU recipe keeps repro's stream
+    trainer.vllm_transfer = True  # what uses_vllm_transfer answers for a GPU recipe with one sender
+    address = trainer.sync_address()
+    served = served_from_folder(model_dir)
+    assert isinstance(address, TransferAddress) and address.names == tuple(served.synced)
+    assert address.bucket_bytes == recipe.weight_sync.bucket_mb << 20 and address.receivers == 1
+    sent = list(checked_stream(trainer._sent_weights(), address, 1))
+    assert [n for n, _ in sent] == list(address.names)
+    assert sum(t.numel() * t.element_size() for _, t in sent) == address.nbytes
+
+    class Recorder:  # the rollout worker's dispatch only: a TransferAddress goes to the engine's receive_transfer
+        def receive_transfer(self, got, version):
+            return got, version
+
+    rollout = RolloutWorker.__new__(RolloutWorker)
+    rollout.engine = Recorder()
+    assert rollout.receive_weights([address], 4) == (address, 4)
