@@ -159,6 +159,7 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
     (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout; then the
     tracking sinks started on the log as it now stands (the caller closes them: ``run.metrics.close()``)."""
     from repro.model.hf_folder import load_tiny_tokenizer
+    from repro.run.steps import sync_weights
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(recipe)
