@@ -18,11 +18,16 @@ Each receiver writes every bucket into its preallocated model copy, then checks 
 for bit. Reported per process: peak RSS during the two syncs (the peak is reset after loading, so reading the
 checkpoint does not count) above its RSS before it loaded any weights, against the budget
 "its model copy + 2 buckets + the largest tensor"; and GB/s at the receivers (10^9 bytes of tensors per second
-over the whole sync: transport, CRC-32, unpacking, copying in). Also measured: CRC-32 and block-FP8
-re-quantisation (``repro.fp8.quant``) throughput on one core.
+over the whole sync: transport, checksum, unpacking, copying in). Also measured on one core: CRC-32 (the
+check the sync used before), ``repro.sync.payload_checksum`` (the one it uses now) and block-FP8
+re-quantisation (``repro.fp8.quant``).
 
 ESTIMATE: ``extrapolate`` turns those into seconds per step for DeepSeek-V4-Flash's 568 GB of BF16 over 400 Gb/s
-RoCE; its assumptions are printed with the table.
+RoCE, and ``sync_costs`` adds what each way of syncing costs beside the wire -- host<->GPU crossings and
+checksums -- for ours before (host copies, CRC-32), ours after (device-resident, on-device checksum) and vLLM's
+engine; the assumptions are printed with the tables.
+
+    python benchmarks/bench_weight_sync.py --estimate-only     (seconds: the throughputs and the estimate)
 """
 
 from __future__ import annotations
@@ -244,11 +249,34 @@ def run_layout(layout: str, folder: Path, spec, layers: int, bucket_bytes: int) 
 
 # ---- single-core throughputs ----------------------------------------------------------------------------------
 
+def _best_gbps(check, data: torch.Tensor, tries: int = 3) -> float:
+    """GB/s of the fastest of ``tries`` runs (the cores here are shared: the slower runs measure the neighbours)."""
+    check(data[: 1 << 20])  # first-call set-up out of the timing
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        check(data)
+        best = min(best, time.perf_counter() - start)
+    return data.numel() / best / 1e9
+
+
 def crc32_gbps(megabytes: int = 256) -> float:
+    """zlib's CRC-32, what repro.sync checked each bucket with before (on the host, one core)."""
     data = torch.randint(0, 256, (megabytes << 20,), dtype=torch.uint8)
-    start = time.perf_counter()
-    zlib.crc32(data.numpy())
-    return data.numel() / (time.perf_counter() - start) / 1e9
+    return _best_gbps(lambda d: zlib.crc32(d.numpy()), data)
+
+
+def checksum_gbps(megabytes: int = 256) -> float:
+    """repro.sync.payload_checksum (int64 words mod 2^64, a torch reduction) on one CPU thread."""
+    from repro.sync import payload_checksum
+
+    data = torch.randint(0, 256, (megabytes << 20,), dtype=torch.uint8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _best_gbps(payload_checksum, data)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def fp8_seconds_per_gb() -> float:
@@ -263,14 +291,16 @@ def fp8_seconds_per_gb() -> float:
 # ---- the estimate ----------------------------------------------------------------------------------------------
 
 def extrapolate(model_gb: float = 568.0, link_gbit: float = 400.0, stages: int = 4, rollout_nics: int = 8,
-                rollout_gpus: int = 8, fp8_s_per_gb: float | None = None) -> list[dict]:
+                rollout_gpus: int = 8, fp8_s_per_gb: float | None = None, crc_gbps: float | None = None
+                ) -> list[dict]:
     """ESTIMATE, seconds per step to move ``model_gb`` of BF16 trainer -> rollout node, per sender at two rates:
     80% of one NIC's line rate, and verl's measured 8.25 GB/s (NCCL over 400 Gb/s InfiniBand, 16.5% of line
     rate). One sender (LumenRL: actor rank 0 broadcasts every bucket on one RCCL group) is bound by one NIC;
     one sender per pipeline stage (slime) by ``stages`` NICs, capped by the rollout node's ``rollout_nics``,
     and only if the receivers take the stages' streams concurrently (repro's receivers take them one after
     another, so repro's own time is the one-sender row). FP8 re-quantisation: ``model_gb`` at
-    ``fp8_s_per_gb`` spread over ``rollout_gpus`` workers."""
+    ``fp8_s_per_gb`` spread over ``rollout_gpus`` workers. With ``crc_gbps``: each row's ``costs`` per way of
+    syncing (``sync_costs``); vLLM's engine has one source, so the per-stage rows leave it out."""
     rates = {"80% of line rate": link_gbit / 8 * 0.8, "verl's measured 8.25 GB/s": 8.25}
     rows = []
     for label, per_sender in rates.items():
@@ -279,8 +309,40 @@ def extrapolate(model_gb: float = 568.0, link_gbit: float = 400.0, stages: int =
             row = {"scheme": scheme, "per sender": label, "GB/s": rate, "transfer_s": model_gb / rate}
             if fp8_s_per_gb is not None:
                 row["fp8_s"] = model_gb * fp8_s_per_gb / rollout_gpus
+            if crc_gbps is not None:  # ours take the stages' streams in turn: one sender's rate at a time
+                costs = sync_costs(model_gb, model_gb / per_sender, crc_gbps)
+                row["costs"] = costs if senders == 1 else {k: v for k, v in costs.items() if k != "vLLM engine"}
             rows.append(row)
     return rows
+
+
+# Per byte, what each way of syncing adds to the wire (ESTIMATE; the counts are read from the code):
+#   ours before  -- sender: .to("cpu") to pack, .to(device) to broadcast (2 PCIe crossings), CRC-32 on one core;
+#                   each receiver: .cpu() to check (1 crossing), CRC-32 on one core, load_weights back (1 crossing)
+#   ours after   -- payloads stay on the GPUs: no crossing; the checksum reads the bytes on the device, sender and
+#                   receiver (2 passes at device-memory speed)
+#   vLLM engine  -- packed device buffers, no crossing, no checksum (one source rank only)
+# Every step runs in turn per bucket in ours (pack, checksum, broadcast and wait, check, load), so they add up;
+# receivers work in parallel with each other (each has its own link and core), so a receiver's costs count once.
+SCHEMES = {
+    "ours before": {"crossings": 4, "host_checksums": 2, "device_checksums": 0},
+    "ours after": {"crossings": 0, "host_checksums": 0, "device_checksums": 2},
+    "vLLM engine": {"crossings": 0, "host_checksums": 0, "device_checksums": 0},
+}
+PCIE_GBPS = 25.0            # host<->GPU copies from pageable memory per GPU (PCIe Gen5 x16 peak is 64 GB/s)
+DEVICE_CHECKSUM_GBPS = 1000.0  # one read of HBM by a reduction: a fifth of MI308X's 5.3 TB/s peak
+
+
+def sync_costs(model_gb: float, transfer_s: float, crc_gbps: float, pcie_gbps: float = PCIE_GBPS,
+               device_checksum_gbps: float = DEVICE_CHECKSUM_GBPS) -> dict[str, dict[str, float]]:
+    """ESTIMATE, seconds per step per scheme: the transfer, PCIe crossings, checksums, and their total."""
+    out = {}
+    for name, s in SCHEMES.items():
+        crossing_s = model_gb * s["crossings"] / pcie_gbps
+        checksum_s = model_gb * (s["host_checksums"] / crc_gbps + s["device_checksums"] / device_checksum_gbps)
+        out[name] = {"transfer_s": transfer_s, "crossing_s": crossing_s, "checksum_s": checksum_s,
+                     "total_s": transfer_s + crossing_s + checksum_s}
+    return out
 
 
 PUBLISHED = [
@@ -291,6 +353,14 @@ PUBLISHED = [
 ]
 
 
+def print_costs(estimate: list[dict]) -> None:
+    print(f"  {'scheme':<36} {'per sender':<26} {'way':<12} {'transfer':>8} {'PCIe':>7} {'checksum':>8} {'total':>7}")
+    for row in estimate:
+        for way, c in row.get("costs", {}).items():
+            print(f"  {row['scheme']:<36} {row['per sender']:<26} {way:<12} {c['transfer_s']:7.1f}s "
+                  f"{c['crossing_s']:6.1f}s {c['checksum_s']:7.1f}s {c['total_s']:6.1f}s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=30, help="synthetic layers (30: 2.2 GB)")
@@ -299,6 +369,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--glibc-malloc-default", action="store_true",
                         help="leave glibc's dynamic mmap threshold on (freed 32 MB buffers then stay in the heap)")
+    parser.add_argument("--estimate-only", action="store_true", help="skip the four-process run")
     args = parser.parse_args(argv)
     if not args.glibc_malloc_default:  # inherited by the spawned processes: large buffers go back to the OS on free
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
@@ -307,10 +378,11 @@ def main(argv=None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="repro-bench-sync-", dir="/tmp"))
     report = {"checkpoint_gb": total / 1e9, "tensors": len(spec), "bucket_mb": args.bucket_mb, "layouts": {}}
     try:
-        write_checkpoint(folder, spec)
-        print(f"MEASURED  synthetic DeepSeek-V4 checkpoint: {len(spec)} tensors, {total / 1e9:.2f} GB, "
-              f"buckets of {args.bucket_mb} MB, gloo over loopback")
-        for layout in args.layouts.split(","):
+        if not args.estimate_only:
+            write_checkpoint(folder, spec)
+            print(f"MEASURED  synthetic DeepSeek-V4 checkpoint: {len(spec)} tensors, {total / 1e9:.2f} GB, "
+                  f"buckets of {args.bucket_mb} MB, gloo over loopback")
+        for layout in [] if args.estimate_only else args.layouts.split(","):
             rows = run_layout(layout, folder, spec, args.layers, args.bucket_mb << 20)
             report["layouts"][layout] = rows
             print(f"\n{layout}: {'process':<24} {'model GB':>8} {'budget GB':>9} {'peak-base GB':>12} {'within':>6}")
@@ -324,13 +396,13 @@ def main(argv=None) -> int:
                 if "received" in r:
                     print(f"     {r['process']}: sync 1 {r['received'] / r['seconds'][0] / 1e9:.2f} GB/s, "
                           f"sync 2 {r['received'] / r['seconds'][1] / 1e9:.2f} GB/s; bit-identical: {r['bit_identical']}")
-        crc, fp8 = crc32_gbps(), fp8_seconds_per_gb()
-        report.update(crc32_gbps=crc, fp8_s_per_gb=fp8)
-        print(f"\nMEASURED  CRC-32 {crc:.2f} GB/s on one core; block-FP8 quantisation {fp8:.2f} s per GB of BF16 "
-              "on one CPU core (repro.fp8.quant)")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    estimate = extrapolate(fp8_s_per_gb=report["fp8_s_per_gb"])
+    crc, ours, fp8 = crc32_gbps(), checksum_gbps(), fp8_seconds_per_gb()
+    report.update(crc32_gbps=crc, checksum_gbps=ours, fp8_s_per_gb=fp8)
+    print(f"\nMEASURED  on one CPU core: CRC-32 {crc:.2f} GB/s (the old check), repro.sync.payload_checksum "
+          f"{ours:.2f} GB/s (the new one); block-FP8 quantisation {fp8:.2f} s per GB of BF16 (repro.fp8.quant)")
+    estimate = extrapolate(fp8_s_per_gb=report["fp8_s_per_gb"], crc_gbps=crc)
     report["estimate"] = estimate
     print("\nESTIMATE  568 GB BF16 per step over 400 Gb/s RoCE; assumptions: a sender moves 80% of one NIC's line "
           "rate, or what verl measured per sender; AMD's actor is PP4; the rollout node has 8 NICs and 8 GPUs; the "
@@ -339,6 +411,14 @@ def main(argv=None) -> int:
     for row in estimate:
         print(f"  {row['scheme']:<36} {row['per sender']:<26} {row['GB/s']:6.1f} GB/s  transfer "
               f"{row['transfer_s']:6.1f} s  FP8 at CPU rate {row['fp8_s']:5.0f} s")
+    print(f"\nESTIMATE  what each way of syncing adds (seconds per step); assumptions: host<->GPU copies at "
+          f"{PCIE_GBPS:g} GB/s per GPU (pageable memory; PCIe Gen5 x16 peaks at 64), CRC-32 at this CPU's measured "
+          f"{crc:.2f} GB/s on one core per process, the on-device checksum at {DEVICE_CHECKSUM_GBPS:g} GB/s (one "
+          "HBM read; NOT measured: no GPU here); per byte: ours before 4 crossings (sender 2, each receiver 2) + "
+          "CRC-32 on sender and receiver, ours after 0 crossings + 2 on-device checksums, vLLM's engine neither "
+          "(one source rank only); ours runs these in turn per bucket, so they add to the transfer, and takes the "
+          "stages' streams in turn, so its per-stage transfer is one sender's")
+    print_costs(estimate)
     print("PUBLISHED")
     for who, what in PUBLISHED:
         print(f"  {who}: {what}")

@@ -1,51 +1,66 @@
 """Device check for whoever has a CUDA or ROCm GPU: what the CPU-only test machine cannot show.
 
-    python benchmarks/device_check.py [--out DIR]      (about 2-6 minutes; stops itself at 9.5)
+    python benchmarks/device_check.py [--out DIR]      (about 3-8 minutes on one GPU)
 
-Not part of `make test` (pytest collects only tests/). Steps, each reported PASS/FAIL/SKIP in
-<out>/device_check.json (default runs/device_check):
+Not part of `make test` (pytest collects only tests/; tests/test_device_check.py runs it on the CPU, where every
+check that needs a GPU says SKIP). Each check is a ``(name, function)`` in ``CHECKS``; the function returns
+``(status, detail)``, status PASS, FAIL or SKIP. ``benchmarks/device_check_megatron.py``, where present, adds its
+own ``CHECKS`` in the same form. Every check runs, each under its own try/except (an exception is its FAIL, with
+the error); a table is printed and ``device_check.json`` written to $OUT if set, else to --out (default
+runs/device_check); the exit code is 1 if any check FAILed.
 
 1. `repro check` for the AMD recipe on this host (informational: one GPU is not the 24-GPU cluster, so its
    GPU-count FAIL is expected; the accelerator, architecture, FP8 format and versions rows are what to read).
 2. The tiny DeepSeek-V4 forward on the GPU against the CPU (fp32 logits agree to 1e-3) and block-FP8
    quantisation on the GPU bit-identical to the CPU's, for the format this GPU computes in.
-3. (run last, in the time left) The engine and trainer contract tests, tests/test_rollout_engine.py and tests/test_trainer_contract.py.
-   The embedded engine and trainer take no device argument (they build their tensors on the CPU), so these
-   run ON THE CPU of the GPU machine: they prove the contract there, not GPU execution. Step 2 is the GPU part.
-4. The streaming weight sync (``repro.sync``/``repro.sync_group``) over NCCL from a trainer process into a vLLM
-   worker on the GPU (tiny Qwen3-MoE, twice: a changed policy, then the original back, whose samples must
+3. repro's own streaming weight sync (``repro.sync``/``repro.sync_group``) over NCCL from a trainer process into a
+   vLLM worker on the GPU (tiny Qwen3-MoE, twice: a changed policy, then the original back, whose samples must
    equal the first ones), timed, with block-FP8 quantisation's GB/s on the GPU. NCCL refuses two ranks on one
    GPU ("Duplicate GPU"): with one GPU the trainer's NCCL send is tried, that refusal reported, and the same
    stream then crosses on gloo into the GPU worker. Needs vLLM; skipped without it.
+4. The same two syncs through vLLM's own weight-transfer engine (``repro.rollout.vllm_transfer``): device
+   buffers packed by the trainer, vLLM's packed consumer, start/update/finish, lm_head read back bit-exact. With
+   two GPUs over vLLM's NCCL group (trainer on the second); with one, NCCL cannot pair two ranks on it, so the
+   group is the gloo stand-in of tests/standins/vllm_gloo_transfer.py (with CUDA tensors and real streams) and
+   the check says so. Needs vLLM with ``vllm.distributed.weight_transfer``; skipped without it.
+5. (run last, in the time left) The engine and trainer contract tests, tests/test_rollout_engine.py and
+   tests/test_trainer_contract.py. The embedded engine and trainer take no device argument (they build their
+   tensors on the CPU), so these run ON THE CPU of the GPU machine: they prove the contract there, not GPU
+   execution. Skipped where no GPU is visible (the CPU lanes run them already).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_S = 570  # under the 10-minute slot, with room to write the report
+STANDINS = REPO / "tests" / "standins"
+BUDGET_S = 480  # the ~8 minutes a device slot gives this check
+NO_GPU = ("SKIP", "no CUDA/ROCm device visible to torch")
+Check = tuple[str, Callable[[], tuple[str, str]]]
 CLI = ("import sys; from repro import cli; "
        "cli.COMMANDS.setdefault('check', ('repro.commands.check', 'cluster readiness')); sys.exit(cli.main())")
 
 
-def step_repro_check(out: Path) -> dict:
+def step_repro_check(out: Path) -> tuple[str, str]:
     path = out / "repro_check_amd.json"
     done = subprocess.run([sys.executable, "-c", CLI, "check", "--recipe", "amd-dsv4-flash-mi308x", "--json", str(path),
                            "--run-dir", str(out / "run")], capture_output=True, text=True, timeout=120, cwd=REPO)
     print(done.stdout[-6000:], done.stderr[-2000:], sep="\n")
     rows = {r["check"]: r for r in json.loads(path.read_text())} if path.exists() else {}
     seen = {k: rows[k]["status"] for k in ("accelerator", "fp8_format", "torch") if k in rows}
-    return {"status": "PASS" if rows else "FAIL", "detail": f"informational, exit {done.returncode}; {seen}"}
+    return ("PASS" if rows else "FAIL"), f"informational, exit {done.returncode}; {seen}"
 
 
-def step_gpu_numerics() -> dict:
+def step_gpu_numerics() -> tuple[str, str]:
     import torch
 
     from repro.cluster.readiness import fp8_format_for
@@ -53,7 +68,7 @@ def step_gpu_numerics() -> dict:
     from repro.model.tiny import BOS_TOKEN_ID, build_tiny_model
 
     if not torch.cuda.is_available():
-        return {"status": "SKIP", "detail": "no CUDA/ROCm device visible to torch"}
+        return NO_GPU
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(0)
     hip = getattr(torch.version, "hip", None)
@@ -72,24 +87,30 @@ def step_gpu_numerics() -> dict:
     q_gpu, s_gpu = quantize_block(w.to(dev), fmt)
     fp8_same = torch.equal(q_cpu.view(torch.uint8), q_gpu.cpu().view(torch.uint8)) and torch.equal(s_cpu, s_gpu.cpu())
     ok = logit_diff < 1e-3 and fp8_same
-    return {"status": "PASS" if ok else "FAIL",
-            "detail": f"{props.name} ({arch}, {'ROCm ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}): "
-                      f"tiny model logits GPU vs CPU max |diff| {logit_diff:.2e}; {fmt} block quantisation "
-                      f"GPU == CPU bit for bit: {fp8_same}"}
+    return ("PASS" if ok else "FAIL",
+            f"{props.name} ({arch}, {'ROCm ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}): "
+            f"tiny model logits GPU vs CPU max |diff| {logit_diff:.2e}; {fmt} block quantisation "
+            f"GPU == CPU bit for bit: {fp8_same}")
 
 
-def step_contract_tests(out: Path, deadline: float) -> dict:
-    left = max(30, int(deadline - time.monotonic()))
+def step_contract_tests(out: Path, deadline: float) -> tuple[str, str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "SKIP", "no CUDA/ROCm device visible to torch (the CPU lanes run these tests already)"
+    left = int(deadline - time.monotonic())
+    if left < 60:
+        return "SKIP", f"{max(left, 0)} s left of the {BUDGET_S} s budget"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_rollout_engine.py",
            "tests/test_trainer_contract.py", f"--junitxml={out / 'contract_tests.xml'}"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=left, cwd=REPO)
     except subprocess.TimeoutExpired:
-        return {"status": "FAIL", "detail": f"contract tests did not finish in {left} s"}
+        return "FAIL", f"contract tests did not finish in {left} s"
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
     print(done.stdout[-4000:])
-    return {"status": "PASS" if done.returncode == 0 else "FAIL",
-            "detail": f"on this machine's CPU (the embedded engine/trainer take no device): {tail}"}
+    return ("PASS" if done.returncode == 0 else "FAIL",
+            f"on this machine's CPU (the embedded engine/trainer take no device): {tail}")
 
 
 def send_checkpoint(address: dict, model_dir: str, versions: list[int], scale: list[float], device: str) -> None:
@@ -106,16 +127,15 @@ def send_checkpoint(address: dict, model_dir: str, versions: list[int], scale: l
         group.send(pack_buckets(weights.items(), 64 * 1024, version))
 
 
-def step_streaming_sync(out: Path) -> dict:
-    import importlib.util
+def step_streaming_sync(out: Path) -> tuple[str, str]:
     import multiprocessing as mp
 
     import torch
 
     if not torch.cuda.is_available():
-        return {"status": "SKIP", "detail": "no CUDA/ROCm device visible to torch"}
+        return NO_GPU
     if importlib.util.find_spec("vllm") is None:
-        return {"status": "SKIP", "detail": "vLLM is not installed in this environment"}
+        return "SKIP", "vLLM is not installed in this environment"
     from repro.fp8.quant import quantize_block
     from repro.model.tiny_qwen3_moe import BOS_ID, EOS_ID, build_tiny_qwen3_moe
     from repro.rollout.types import SamplingParams
@@ -166,34 +186,69 @@ def step_streaming_sync(out: Path) -> dict:
             detail = (f"{backend}: 2 syncs of {changed.nbytes / 1e6:.1f} MB ({changed.buckets} buckets) in "
                       f"{seconds:.1f} s; changed policy changed samples: {differs}; original back reproduces "
                       f"the first samples: {same}; block-FP8 quantisation on the GPU {fp8_gbps:.1f} GB/s")
-            return {"status": "PASS" if same and differs and back.version == 2 else "FAIL",
-                    "detail": "; ".join(notes + [detail])}
-        return {"status": "FAIL", "detail": "; ".join(notes)}
+            return "PASS" if same and differs and back.version == 2 else "FAIL", "; ".join(notes + [detail])
+        return "FAIL", "; ".join(notes)
     finally:
         engine.close()
 
 
-def main() -> int:
+def _load(name: str):
+    """A module of benchmarks/ by file (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def checks(out: Path, deadline: float) -> list[Check]:
+    """This file's checks, then device_check_megatron.py's (where present), then the contract tests."""
+    step_vllm_engine_sync = _load("device_check_vllm").step_vllm_engine_sync
+    own: list[Check] = [("repro_check", lambda: step_repro_check(out)), ("gpu_numerics", step_gpu_numerics),
+                        ("repro_stream_sync", lambda: step_streaming_sync(out)),
+                        ("vllm_engine_sync", lambda: step_vllm_engine_sync(out))]
+    if (REPO / "benchmarks" / "device_check_megatron.py").exists():
+        own += list(_load("device_check_megatron").CHECKS)
+    return own + [("contract_tests", lambda: step_contract_tests(out, deadline))]
+
+
+def run_checks(named: list[Check]) -> dict[str, dict]:
+    report = {}
+    for name, check in named:
+        started = time.monotonic()
+        try:
+            status, detail = check()
+            if status not in ("PASS", "FAIL", "SKIP"):
+                status, detail = "FAIL", f"the check answered {status!r}, not PASS/FAIL/SKIP: {detail}"
+        except Exception as err:  # one broken check must not hide the others
+            status, detail = "FAIL", f"{type(err).__name__}: {err}"
+        report[name] = {"status": status, "detail": detail, "seconds": round(time.monotonic() - started, 1)}
+        print(f"== {name}: {status} ({report[name]['seconds']} s) {detail}", flush=True)
+    return report
+
+
+def print_table(report: dict[str, dict]) -> None:
+    width = max(len(n) for n in report)
+    print(f"\n{'check':<{width}}  status  seconds  detail")
+    for name, r in report.items():
+        print(f"{name:<{width}}  {r['status']:<6}  {r['seconds']:7.1f}  {r['detail'][:160]}")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "runs" / "device_check"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "runs" / "device_check"),
+                        help="where device_check.json goes ($OUT if set)")
+    args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     deadline = time.monotonic() + BUDGET_S
-    report = {}
-    for name, step in (("repro_check", lambda: step_repro_check(out)), ("gpu_numerics", step_gpu_numerics),
-                       ("streaming_sync", lambda: step_streaming_sync(out)),
-                       ("contract_tests", lambda: step_contract_tests(out, deadline))):
-        started = time.monotonic()
-        try:
-            report[name] = step()
-        except Exception as err:  # one broken step must not hide the others
-            report[name] = {"status": "FAIL", "detail": f"{type(err).__name__}: {err}"}
-        report[name]["seconds"] = round(time.monotonic() - started, 1)
-        print(f"== {name}: {report[name]['status']} ({report[name]['seconds']} s) {report[name]['detail']}", flush=True)
-    (out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    report = run_checks(checks(out, deadline))
+    print_table(report)
+    path = out / "device_check.json"
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(path)
     return 1 if any(r["status"] == "FAIL" for r in report.values()) else 0
 
 

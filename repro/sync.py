@@ -3,8 +3,12 @@
 AMD streams the BF16 actor's weights to the rollout node over RDMA in 2,048 MB buckets and converts them to
 FP8 there. Here a sender turns its named tensors (produced one at a time, in the served checkpoint's names)
 into ``PackedBucket``s: a flat uint8 payload of at most ``bucket_bytes`` (a larger tensor travels alone) and a
-small JSON header -- version, sender, bucket index, each tensor's name/dtype/shape/offset, and a CRC-32 of the
+small JSON header -- version, sender, bucket index, each tensor's name/dtype/shape/offset, and a checksum of the
 payload. No tensor is pickled: the header is JSON, the payload raw bytes, rebuilt on arrival as views.
+Payloads stay on the device their tensors are on (a GPU trainer's buckets are GPU buffers, received into GPU
+buffers on NCCL): the bytes cross PCIe only where the transport needs host memory (gloo). The checksum runs
+where the bytes are, as one torch reduction (``payload_checksum``), so no receiver copies a bucket to the host
+to check it.
 Each sender ends its stream with an end marker (a header with ``end`` set and no payload).
 
 Any transport carries the buckets in order: an iterator in one process, or a collective group made for the
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -59,7 +62,7 @@ class BucketHeader:
     index: int                      # this sender's bucket number, from 0; the end marker takes the next
     entries: tuple[TensorEntry, ...]
     nbytes: int                     # payload length
-    checksum: int                   # CRC-32 of the payload
+    checksum: int                   # payload_checksum of the payload
     end: bool = False               # the sender's end marker: no entries, no payload
 
     def encode(self) -> bytes:
@@ -92,13 +95,39 @@ class PackedBucket:
         return f"bucket {h.index} of sender {h.sender}"
 
 
+CHECKSUM_BLOCK = 512  # int64 words (4 KiB) per block of the checksum's position-weighted sum
+_MASK64 = (1 << 64) - 1
+
+
 def payload_checksum(payload: torch.Tensor) -> int:
-    """CRC-32 of a contiguous uint8 CPU tensor's bytes (read in place, no copy)."""
-    return zlib.crc32(payload.numpy()) if payload.numel() else 0
+    """A Fletcher-style checksum of a 1-D uint8 tensor, computed on its own device (no host copy of the payload).
+
+    The bytes are read as int64 words in blocks of ``CHECKSUM_BLOCK``; arithmetic is modulo 2^64 (two's-complement
+    wrap-around, the same on every device and in any reduction order). ``plain`` is the sum of every word and of
+    the last ``n mod 8`` bytes, ``weighted`` the sum of each whole block's sum times its index + 1: a flipped bit
+    changes ``plain`` by a power of two, a swap of two blocks changes ``weighted``, a zeroed or cut stretch both.
+    The result is ``weighted << 64 | plain``. One pass over the bytes at the memory's speed (int64 sums need no
+    widening), plus two scalars to the host. Not cryptographic: it guards against a transport's corruption and
+    truncation, not against a forger.
+    """
+    n = payload.numel()
+    if n == 0:
+        return 0
+    if payload.storage_offset() % 8:  # an int64 view needs an 8-byte aligned start
+        payload = payload.clone()
+    words = payload[: n - n % 8].view(torch.int64)
+    whole = words.numel() - words.numel() % CHECKSUM_BLOCK
+    blocks = words[:whole].view(-1, CHECKSUM_BLOCK).sum(dim=1)
+    weights = torch.arange(1, blocks.numel() + 1, device=payload.device, dtype=torch.int64)
+    plain = blocks.sum() + words[whole:].sum() + payload[n - n % 8:].sum(dtype=torch.int64)
+    weighted = (blocks * weights).sum()
+    sums = torch.stack([plain, weighted]).tolist()
+    return ((int(sums[1]) & _MASK64) << 64) | (int(sums[0]) & _MASK64)
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    """The tensor's bytes, on its own device (a copy only if it is not contiguous)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _entry(name: str, tensor: torch.Tensor, offset: int) -> TensorEntry:
@@ -135,8 +164,8 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
             yield _bucket(version, sender, index, [_entry(name, tensor, 0)], data)
             index, data, tensor = index + 1, None, None  # let it go before the next tensor is made
             continue
-        if buffer is None:
-            buffer = torch.empty(bucket_bytes, dtype=torch.uint8)
+        if buffer is None:  # on the tensors' device: a GPU trainer packs and sends without touching the host
+            buffer = torch.empty(bucket_bytes, dtype=torch.uint8, device=data.device)
         buffer[used:start].zero_()
         buffer[start: start + data.numel()].copy_(data)
         entries.append(_entry(name, tensor, start))

@@ -95,7 +95,7 @@ class SyncGroup:
         return sent
 
     def receive(self, version: int) -> Iterator[PackedBucket]:
-        """This sender's buckets as they arrive, through its end marker (payloads on the CPU)."""
+        """This sender's buckets as they arrive, through its end marker (payloads on this member's device)."""
         index = 0
         while True:
             where = f"weight sync v{version}: bucket {index} of sender {self.address.sender}"
@@ -104,9 +104,11 @@ class SyncGroup:
                 header_len, nbytes = int(sizes[0]), int(sizes[1])
                 raw = self._broadcast(torch.empty(header_len, dtype=torch.uint8)).cpu()
                 header = BucketHeader.decode(raw.numpy().tobytes(), where)
-                payload = torch.empty(nbytes, dtype=torch.uint8)
+                # the payload stays where the transport put it (the GPU on NCCL): the checksum and the engine's
+                # load_weights read it there
+                payload = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
                 if nbytes:
-                    payload = self._broadcast(payload.to(self.device)).cpu()
+                    payload = self._broadcast(payload)
             except (RuntimeError, dist.DistError) as err:
                 raise SyncError(f"{where}: the transport failed while it was on its way "
                                 f"(sender dead or stalled past {self.address.timeout_s:g} s?): {err}") from err

@@ -38,5 +38,4 @@ def test_trainer_side_streams_each_version_over_gloo(tmp_path):
 def test_streaming_sync_step_skips_without_a_gpu(tmp_path):
     if torch.cuda.is_available():
         return  # on a GPU machine the step itself runs in device_check
-    assert device_check.step_streaming_sync(tmp_path) == {"status": "SKIP",
-                                                         "detail": "no CUDA/ROCm device visible to torch"}
+    assert device_check.step_streaming_sync(tmp_path) == ("SKIP", "no CUDA/ROCm device visible to torch")

@@ -3,7 +3,6 @@ the engine refuses to generate from a half-applied update until a complete sync 
 
 import dataclasses
 import threading
-import zlib
 
 import pytest
 import torch
@@ -41,15 +40,34 @@ def test_bucket_boundaries_follow_the_byte_cap_and_each_stream_ends_with_a_marke
         next(pack_buckets(named(), 0, 1))
 
 
-def test_checksum_is_the_crc32_of_the_payload_and_the_header_is_json():
-    # zlib.crc32(struct.pack("<f", 1.0)) == 0xACA16A6A: the CRC covers the raw little-endian bytes
+def test_checksum_values_by_hand_and_the_header_is_json():
+    # struct.pack("<f", 1.0) == 00 00 80 3F: shorter than a word, so the byte sum 0x80 + 0x3F; no whole block
     bucket = next(pack_buckets([("x", torch.tensor([1.0]))], 64, version=2))
-    assert bucket.header.checksum == 0xACA16A6A == payload_checksum(bucket.payload)
-    assert payload_checksum(torch.arange(256, dtype=torch.int64).view(torch.uint8)) == zlib.crc32(
-        torch.arange(256, dtype=torch.int64).numpy().tobytes())
+    assert bucket.header.checksum == 191 == payload_checksum(bucket.payload)
+    # two whole blocks of 512 int64 words (all 1, then all 2), one more word (3), two last bytes (5, 7):
+    # plain 512 + 1024 + 3 + 12, weighted 512 * 1 + 1024 * 2
+    words = torch.cat([torch.ones(512), torch.full((512,), 2.0), torch.tensor([3.0])]).to(torch.int64)
+    payload = torch.cat([words.view(torch.uint8), torch.tensor([5, 7], dtype=torch.uint8)])
+    assert payload_checksum(payload) == (2560 << 64) | 1551
+    swapped = torch.cat([payload[4096:8192], payload[:4096], payload[8192:]])  # the two blocks swapped
+    assert payload_checksum(swapped) == (2048 << 64) | 1551
+    assert payload_checksum(torch.full((8,), 0xFF, dtype=torch.uint8)) == (1 << 64) - 1  # word -1, mod 2^64
+    assert payload_checksum(torch.tensor([1 << 62] * 4).view(torch.uint8)) == 0  # 2^64 wraps to 0
+    assert payload_checksum(payload[1:]) == payload_checksum(payload[1:].clone())  # a misaligned start: a copy
+    assert payload_checksum(torch.empty(0, dtype=torch.uint8)) == 0
     assert BucketHeader.decode(bucket.header.encode(), "test") == bucket.header
     with pytest.raises(SyncError, match="test: unreadable bucket header"):
         BucketHeader.decode(b'{"version": 1}', "test")
+
+
+def test_a_flipped_bit_anywhere_changes_the_checksum():
+    payload = torch.randint(0, 256, (3 * 8192 + 7,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    reference = payload_checksum(payload)
+    for position in (0, 1, 8191, 8192, 20000, payload.numel() - 1):
+        for bit in (0, 7):
+            flipped = payload.clone()
+            flipped[position] ^= 1 << bit
+            assert payload_checksum(flipped) != reference, (position, bit)
 
 
 def test_round_trip_is_bit_exact_in_every_dtype():

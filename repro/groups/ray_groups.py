@@ -94,7 +94,7 @@ class RayTrainerGroup:
 class RaySend:
     """A weight send under way: where each sender's sync group meets, and every trainer rank's send call."""
 
-    addresses: list[SyncAddress]
+    addresses: list  # SyncAddress per sender, or one vllm_transfer.TransferAddress
     calls: list[Any]
     call_names: list[str]
 

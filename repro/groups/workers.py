@@ -17,6 +17,8 @@ from typing import Iterable, Iterator
 
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
+from repro.rollout.vllm_engine import uses_vllm_transfer
+from repro.rollout.vllm_transfer import TransferAddress
 from repro.sync import PackedBucket, SyncStats, apply_stream, drain, pack_buckets
 from repro.sync_group import SyncAddress, SyncGroup, free_address, receive_all
 from repro.train.base import LogprobResult
@@ -82,6 +84,9 @@ class TrainerWorker:
         self.receivers, self.backend = sync_receivers(recipe), sync_backend(recipe)
         self.timeout_s = recipe.weight_sync.timeout_s
         self.group: SyncGroup | None = None
+        self.model_dir = Path(model_dir)
+        self.vllm_transfer = uses_vllm_transfer(recipe)  # vLLM's own weight-transfer engine, else repro's stream
+        self.transfer = None  # repro.rollout.vllm_transfer.TransferSender, formed on the first sync
 
     def ready(self) -> None:
         """Construction is the warm-up; by the time this runs it is done."""
@@ -108,18 +113,26 @@ class TrainerWorker:
         stage_weights = getattr(self.trainer, "stage_weights", None)
         return stage_weights() if stage_weights is not None else self.trainer.named_weights()
 
-    def sync_address(self) -> SyncAddress | None:
-        """Where this rank's sync group will meet (a free port on its node), or None for a non-sending rank."""
+    def sync_address(self) -> SyncAddress | TransferAddress | None:
+        """Where this rank's sync group will meet (a free port on its node), or None for a non-sending rank; with
+        vLLM's weight-transfer engine, its group's address carrying the served checkpoint's tensors as update info."""
         sender = self.sender_index()
         if sender is None:
             return None
         host, port = free_address(_node_host())
+        if self.vllm_transfer:
+            from repro.model.served import served_from_folder
+            from repro.rollout.vllm_transfer import transfer_address
+
+            return transfer_address(host, port, self.receivers, self.bucket_bytes, served_from_folder(self.model_dir))
         return SyncAddress(host, port, sender, self.receivers, self.backend, self.timeout_s)
 
-    def send_weights(self, version: int, address: SyncAddress | None = None) -> Iterator[PackedBucket] | int:
+    def send_weights(self, version: int, address: SyncAddress | TransferAddress | None = None
+                     ) -> Iterator[PackedBucket] | int:
         """Every weight in buckets, packed one tensor at a time. In one process (no ``address``): the lazy
         bucket stream, for ``RolloutWorker.receive_weights``. On Ray: broadcast on this rank's sync group
-        (formed on first use); returns the payload bytes sent (0 from a rank that only helps gather)."""
+        (formed on first use), or through vLLM's weight-transfer engine for a ``TransferAddress``; returns the
+        payload bytes sent (0 from a rank that only helps gather)."""
         named = self._sent_weights()
         sender = self.sender_index()
         if sender is None:
@@ -128,6 +141,12 @@ class TrainerWorker:
             return 0
         if address is None:
             return pack_buckets(named, self.bucket_bytes, version, sender)
+        if isinstance(address, TransferAddress):
+            from repro.rollout.vllm_transfer import TransferSender
+
+            if self.transfer is None or self.transfer.address != address:
+                self.transfer = TransferSender(address)
+            return self.transfer.send(named, version)
         if self.group is None or self.group.address != address:
             self.group = SyncGroup(address, rank=0)
         return self.group.send(pack_buckets(named, self.bucket_bytes, version, sender))
@@ -184,6 +203,8 @@ class RolloutWorker:
         """Apply a sync bucket by bucket: ``sent`` is the trainer's bucket stream (one process) or the addresses
         of the senders' groups (Ray). A bad bucket fails the sync and leaves the engine refusing to generate;
         the rest of the stream is still drained, so the senders finish and the next sync starts clean."""
+        if isinstance(sent, list) and len(sent) == 1 and isinstance(sent[0], TransferAddress):
+            return self.engine.receive_transfer(sent[0], version)  # vLLM's own weight-transfer engine
         if isinstance(sent, list) and all(isinstance(a, SyncAddress) for a in sent):
             if hasattr(self.engine, "receive_from_groups"):  # vLLM: its workers join the groups themselves
                 return self.engine.receive_from_groups(sent, version)

@@ -187,6 +187,7 @@ class WeightSyncConfig(Section):
     bucket_mb: int = Field(2048, ge=1, description="Bucket size in MB for streaming named tensors.")
     quantize_on: Literal["rollout", "trainer"] = Field("rollout", description="Where BF16 becomes FP8 (AMD: on the rollout side).")
     timeout_s: float = Field(7200.0, gt=0, description="Abort a sync that takes longer than this (LumenRL's longrun file: 7200 s; its header comment still says 1200 s).")
+    vllm_engine: bool = Field(True, description="engine repro: where the rollout is vLLM on GPUs and one trainer rank sends (no pipeline stages), sync through vLLM's own weight-transfer engine (weight_transfer_config backend nccl; packed buckets of bucket_mb, double-buffered on the device); false, on CPU, or with one sender per pipeline stage: repro's own stream (repro.sync).")
 
 
 class WandbTracking(Section):

@@ -46,12 +46,15 @@ What it maps, and how:
   Until the last bucket is applied the engine refuses to generate; a failed sync keeps refusing (naming the
   version and bucket) until a complete one succeeds. The prefix cache is reset so no old KV is reused.
   ``update_weights`` (a whole named set) is the same path with one sender's buckets.
+  With one sending trainer rank on GPUs (``uses_vllm_transfer``) vLLM's own weight-transfer engine carries the
+  sync instead (``weight_transfer_config``, ``receive_transfer``; ``repro.rollout.vllm_transfer``).
 * Refused: a DeepSeek-V4 checkpoint with MXFP4 experts on gfx942 (``check_servable``). What LumenRL patches in
   vLLM for this model, and what we do instead, is in docs/checkpoint-layouts.md.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -82,6 +85,19 @@ class VLLMConfigError(ReproError):
 
 class VLLMRolloutError(RolloutError):
     """A request, weight update or engine answer the vLLM engine cannot serve."""
+
+
+def sync_senders(recipe: Recipe) -> int:
+    """Trainer ranks that send a weight sync: the first rank of each pipeline stage (Megatron), else one."""
+    return recipe.actor.pipeline_parallel if recipe.actor.backend == "megatron" else 1
+
+
+def uses_vllm_transfer(recipe: Recipe) -> bool:
+    """Whether vLLM's own weight-transfer engine carries the sync: asked for (``weight_sync.vllm_engine``), the
+    rollout is vLLM on GPUs, and one trainer rank sends (vLLM's engine has one source; one stream per pipeline
+    stage stays on repro's own groups). The only place the choice is made."""
+    return (recipe.weight_sync.vllm_engine and recipe.rollout.backend == "vllm"
+            and recipe.cluster.accelerator != "cpu" and recipe.cluster.gpus_per_node > 0 and sync_senders(recipe) == 1)
 
 
 def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dict[str, Any]:
@@ -154,6 +170,8 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
         gpu_memory_utilization=r.gpu_memory_utilization,
         enable_return_routed_experts=recipe.routing_replay.enabled,
     )
+    if uses_vllm_transfer(recipe):  # weight_sync -> vLLM's NCCL weight-transfer engine (its packing: per sync)
+        args["weight_transfer_config"] = {"backend": "nccl"}
     return args
 
 
@@ -204,7 +222,12 @@ class VLLMEngine:
         check_servable(self.model_dir, _gpu_arch())
         # The names, shapes and dtypes an update carries: the served folder's (MTP layer left out).
         self.served = served_from_folder(self.model_dir)
+        if engine_args.get("weight_transfer_config") and importlib.util.find_spec(
+                "vllm.distributed.weight_transfer") is None:
+            raise VLLMConfigError("weight_sync.vllm_engine: the installed vLLM has no weight-transfer engine "
+                                  "(vllm.distributed.weight_transfer, vLLM 0.25 and later); set it to false")
         self.llm = LLM(**engine_args)
+        self._transfer_group: tuple[str, int] | None = None  # the weight-transfer group the workers joined
         self.routing_layers: list[int] = []
         self.record_routing = record_routing
         # vLLM's native capture (GPU) returns routing with each completion; otherwise hook the routers
@@ -377,6 +400,23 @@ class VLLMEngine:
         self._opened(version)
         buckets, tensors, nbytes = answers[0]
         return SyncStats(version, buckets, tensors, nbytes, time.perf_counter() - start)
+
+    def receive_transfer(self, address, version: int) -> SyncStats:
+        """One sync through vLLM's weight-transfer engine (``repro.rollout.vllm_transfer.apply_transfer``);
+        refuses to generate until it has finished, and after a failure until a later sync succeeds."""
+        from repro.rollout import vllm_transfer as transfer
+
+        start = time.perf_counter()
+        self.gate.begin(version)
+        try:
+            self._transfer_group = transfer.apply_transfer(self.llm, self.served, address, version,
+                                                           self._transfer_group)
+        except Exception as err:
+            self.gate.fail(f"weight sync v{version} through vLLM's weight-transfer engine: {err}")
+            raise
+        self._opened(version)
+        return SyncStats(version, transfer.packed_buckets(address), len(address.names), address.nbytes,
+                         time.perf_counter() - start)
 
     def _opened(self, version: int) -> None:
         self.llm.reset_prefix_cache()

@@ -160,6 +160,10 @@ class ReproWorkerExtension:
         finalize_layerwise_reload(model, self.model_runner.vllm_config.model_config)
         return _repack_cpu_experts(model) if repack else 0
 
+    def repro_repack_cpu_experts(self) -> int:
+        """After vLLM's own weight-transfer engine finished an update: re-pack the CPU experts (0 on GPUs)."""
+        return _repack_cpu_experts(self.model_runner.get_model())
+
     def repro_receive_weights(self, addresses: list[dict], version: int,
                               expected: dict[str, list]) -> tuple[int, int, int]:
         """Join each sender's sync group (rank 1 + this worker's TP rank; kept for later syncs) and apply the

@@ -1,0 +1,111 @@
+"""repro.rollout.vllm_transfer's pure parts and the recipe -> weight_transfer_config mapping (no vLLM needed): the
+update info both sides build from one address, in vLLM 0.25.1's and 0.32's layouts, the checks on each side, and
+the count of buffers vLLM's packer fills. The transfer itself runs in tests/vllm/test_vllm_transfer.py."""
+
+import pytest
+import torch
+
+from repro.model.served import ServedWeights, TensorSpec
+from repro.recipes import load_recipe
+from repro.rollout.vllm_engine import engine_args_from_recipe, sync_senders, uses_vllm_transfer
+from repro.rollout.vllm_transfer import (
+    TransferAddress, check_against_served, checked_stream, packed_buckets, transfer_address, update_info,
+    worker_init_info,
+)
+from repro.sync import SyncError
+
+SERVED = ServedWeights("state_dict", {"a": TensorSpec((2, 3), torch.bfloat16), "b": TensorSpec((4,), torch.float32),
+                                      "mtp.x": TensorSpec((1,), torch.bfloat16)}, "test", mtp=["mtp.x"])
+PP1 = ["actor.pipeline_parallel=1", "actor.num_layers_in_first_pipeline_stage=null",
+       "actor.num_layers_in_last_pipeline_stage=null"]
+
+
+def test_vllm_engine_is_chosen_for_one_sender_on_gpus_only():
+    amd = load_recipe("amd-dsv4-flash-mi308x")
+    assert sync_senders(amd) == 4 and not uses_vllm_transfer(amd)  # PP4: one stream per stage, repro's groups
+    assert "weight_transfer_config" not in engine_args_from_recipe(amd, "/m")
+    one = load_recipe("amd-dsv4-flash-mi308x", PP1)
+    assert sync_senders(one) == 1 and uses_vllm_transfer(one)
+    assert engine_args_from_recipe(one, "/m")["weight_transfer_config"] == {"backend": "nccl"}
+    off = load_recipe("amd-dsv4-flash-mi308x", PP1 + ["weight_sync.vllm_engine=false"])
+    assert not uses_vllm_transfer(off) and "weight_transfer_config" not in engine_args_from_recipe(off, "/m")
+    cpu = load_recipe("tiny-cpu", ["rollout.backend=vllm"])
+    assert not uses_vllm_transfer(cpu) and "weight_transfer_config" not in engine_args_from_recipe(cpu, "/m")
+
+
+def test_update_info_is_the_served_synced_set_in_both_vllm_layouts():
+    address = transfer_address("10.0.0.1", 29600, 8, 1000, SERVED)
+    assert (address.names, address.dtypes, address.shapes) == (("a", "b"), ("bfloat16", "float32"), ((2, 3), (4,)))
+    assert address.world == 9 and address.nbytes == 12 + 16
+    packing = {"packed": True, "packed_buffer_size_bytes": 1000, "packed_num_buffers": 2}
+    base_init = {"master_address": "10.0.0.1", "master_port": 29600, "rank_offset": 1, "world_size": 9}
+    base_update = {"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"], "shapes": [[2, 3], [4]]}
+    # 0.32: packing rides the handshake; 0.25.1: every update
+    assert worker_init_info(address, True) == {**base_init, **packing}
+    assert update_info(address, True) == base_update
+    assert worker_init_info(address, False) == base_init
+    assert update_info(address, False) == {**base_update, **packing}
+
+
+def test_packed_buckets_follow_vllms_rule_a_buffer_closes_once_past_the_size():
+    def address(sizes, bucket):
+        return TransferAddress("h", 1, 1, bucket, tuple(f"t{i}" for i in range(len(sizes))),
+                               ("uint8",) * len(sizes), tuple((s,) for s in sizes))
+    assert packed_buckets(address([4, 4, 4], 8)) == 1   # 12 > 8 only after the third
+    assert packed_buckets(address([4, 5, 4], 8)) == 2   # 9 > 8 closes the first, 4 left
+    assert packed_buckets(address([20, 1], 8)) == 2     # an oversize tensor closes its own buffer
+    assert packed_buckets(address([], 8)) == 0
+
+
+def test_rollout_refuses_an_update_info_that_is_not_its_checkpoint():
+    good = transfer_address("h", 1, 1, 64, SERVED)
+    check_against_served(good, SERVED, 3)
+    with pytest.raises(SyncError, match=r"v3 .*missing \['b'\]"):
+        check_against_served(TransferAddress("h", 1, 1, 64, ("a",), ("bfloat16",), ((2, 3),)), SERVED, 3)
+    with pytest.raises(SyncError, match=r"tensor b is float16 \[4\], the checkpoint stores torch.float32 \[4\]"):
+        check_against_served(TransferAddress("h", 1, 1, 64, ("a", "b"), ("bfloat16", "float16"), ((2, 3), (4,))),
+                             SERVED, 3)
+
+
+def test_trainer_stream_is_checked_tensor_by_tensor_before_it_is_packed():
+    address = transfer_address("h", 1, 1, 64, SERVED)
+    a, b = torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(4)
+    assert [n for n, _ in checked_stream([("a", a), ("b", b)], address, 1)] == ["a", "b"]
+    seen = []
+    with pytest.raises(SyncError, match=r"tensor 0 is \('b', 'float32', \(4,\)\), the update info announced \('a'"):
+        for name, _ in checked_stream([("b", b), ("a", a)], address, 1):
+            seen.append(name)
+    assert seen == []  # nothing of a wrong stream reaches the packer
+    with pytest.raises(SyncError, match="sent 1 of the 2 tensors announced"):
+        list(checked_stream([("a", a)], address, 1))
+    with pytest.raises(SyncError, match="sent c after the 2 tensors announced"):
+        list(checked_stream([("a", a), ("b", b), ("c", b)], address, 1))
+
+
+def test_the_embedded_trainers_export_order_is_the_update_info_it_announces(tmp_path):
+    """The trainer worker's side with vLLM's engine chosen: its address carries the served checkpoint's tensors
+    (read from the model folder), and the trainer's own export stream passes the per-tensor check in that order."""
+    from repro.groups.workers import RolloutWorker, TrainerWorker
+    from repro.model.served import served_from_folder
+    from repro.run.run_dir import check_inputs
+
+    recipe = load_recipe("tiny-cpu")
+    model_dir = check_inputs(recipe, tmp_path / "run", False)
+    trainer = TrainerWorker(recipe, model_dir)
+    assert trainer.vllm_transfer is False  # the CPU recipe keeps repro's stream
+    trainer.vllm_transfer = True  # what uses_vllm_transfer answers for a GPU recipe with one sender
+    address = trainer.sync_address()
+    served = served_from_folder(model_dir)
+    assert isinstance(address, TransferAddress) and address.names == tuple(served.synced)
+    assert address.bucket_bytes == recipe.weight_sync.bucket_mb << 20 and address.receivers == 1
+    sent = list(checked_stream(trainer._sent_weights(), address, 1))
+    assert [n for n, _ in sent] == list(address.names)
+    assert sum(t.numel() * t.element_size() for _, t in sent) == address.nbytes
+
+    class Recorder:  # the rollout worker's dispatch only: a TransferAddress goes to the engine's receive_transfer
+        def receive_transfer(self, got, version):
+            return got, version
+
+    rollout = RolloutWorker.__new__(RolloutWorker)
+    rollout.engine = Recorder()
+    assert rollout.receive_weights([address], 4) == (address, 4)
