@@ -1,5 +1,7 @@
 """tiny-math-long: the worked answers, the fixed splits, its recipe datasets and its warm start's determinism."""
 
+import os
+
 import pandas as pd
 import pytest
 import torch
@@ -96,3 +98,40 @@ def test_long_warm_start_steps_are_deterministic():
     (weights_a, losses_a), (weights_b, losses_b) = runs
     assert losses_a == losses_b and len(losses_a) == 3
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+def test_shipped_long_warm_start_matches_its_hashes_and_says_how_it_was_made():
+    import json
+
+    from repro import PACKAGE_DIR
+    from repro.model.assets import LONG_ASSET_NAME, LONG_REGENERATE_COMMAND, verify_hashes
+
+    folder = PACKAGE_DIR / "assets" / LONG_ASSET_NAME
+    verify_hashes(folder)
+    provenance = json.loads((folder / "warmstart.json").read_text())
+    assert provenance["command"] == LONG_REGENERATE_COMMAND and provenance["config"]["terms"] == 12
+    accuracy = provenance["accuracy_T0.8"]
+    assert 0.2 <= accuracy["train"]["avg@8"] <= 0.6 and accuracy["held_out"]["problems"] == 30
+    assert json.loads((folder / "generation_config.json").read_text())["max_new_tokens"] == 169
+
+
+@pytest.mark.skipif(os.environ.get("REPRO_REGENERATE_ASSETS") != "1",
+                    reason="regenerating the long warm start takes ~15-25 min on 2 cores: REPRO_REGENERATE_ASSETS=1")
+def test_long_warm_start_regenerates_bit_for_bit(tmp_path):
+    """`repro warmstart` with the recorded command gives the shipped weights byte for byte (same thread count; another
+    CPU may round differently). warmstart.json records wall times, so only the other files are compared."""
+    import shlex
+    import subprocess
+    import sys
+
+    from repro import PACKAGE_DIR
+    from repro.model.assets import LONG_ASSET_NAME, LONG_REGENERATE_COMMAND, folder_hashes
+
+    args = shlex.split(LONG_REGENERATE_COMMAND)[3:]  # after "python -m repro"
+    out = tmp_path / LONG_ASSET_NAME
+    args[args.index("--out") + 1] = str(out)
+    subprocess.run([sys.executable, "-m", "repro", *args], check=True)
+    shipped = folder_hashes(PACKAGE_DIR / "assets" / LONG_ASSET_NAME)
+    regenerated = folder_hashes(out)
+    shipped.pop("warmstart.json"), regenerated.pop("warmstart.json")
+    assert regenerated == shipped
