@@ -319,7 +319,7 @@ def make_all_figures(sources, out_dir: str | Path, **source_options) -> list[Pat
     return written
 
 
-def plot_mismatch_by_position(k1, k3) -> Figure:
+def plot_mismatch_by_source_and_position(k1, k3) -> Figure:
     """k1 (top) and k3 (bottom) KL between rollout and trainer by response position, one line per numeric source:
     ``k1``, ``k3``: frames indexed by bucket start, one column per source (``repro.analysis.mismatch_sources``)."""
     with styled():
