@@ -99,6 +99,14 @@ ABLATIONS ?= runs/ablations
 ablations: $(STAMP)
 	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('14_ablations', '$(ABLATIONS)', {'out_dir': '$(ABLATIONS)'}, log_output=True)"
 
+# Notebook 15, not part of `make repro`: the mismatch by numeric source and by response position on one fixed batch
+# of $(SOURCES_RECIPE) (tiny-cpu or tiny-cpu-long), R3 on and off.
+SOURCES_DIR    ?= runs/mismatch-sources
+SOURCES_RECIPE ?= tiny-cpu-long
+.PHONY: mismatch-sources
+mismatch-sources: $(STAMP)
+	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('15_mismatch_sources', '$(SOURCES_DIR)', {'out_dir': '$(SOURCES_DIR)', 'recipe': '$(SOURCES_RECIPE)'}, log_output=True)"
+
 # Browser lane: JupyterLab started as `make lab` starts it, driven by Playwright for Python through Debian's
 # Chromium (no browser download: playwright's own `install` step is never run). Its own venv: the lock plus
 # playwright. Chromium is installed with apt when missing (CI starts from a fresh machine and runs as root).

@@ -317,3 +317,21 @@ def make_all_figures(sources, out_dir: str | Path, **source_options) -> list[Pat
             continue
         written += save_figure(fig, out_dir, name)
     return written
+
+
+def plot_mismatch_by_source_and_position(k1, k3) -> Figure:
+    """k1 (top) and k3 (bottom) KL between rollout and trainer by response position, one line per numeric source:
+    ``k1``, ``k3``: frames indexed by bucket start, one column per source (``repro.analysis.mismatch_sources``)."""
+    with styled():
+        fig, (ax_k1, ax_k3) = _new_figure(nrows=2, sharex=True)
+        fig.set_size_inches(8.0, 6.0)
+        for column in k1.columns:
+            ax_k1.plot(k1.index, k1[column].to_numpy(), marker="o", label=column)
+            ax_k3.plot(k3.index, k3[column].to_numpy(), marker="o", label=column)
+        ax_k1.axhline(0.0, color="grey", linewidth=0.8)
+        ax_k1.set_ylabel("k1 KL  E[log π_rollout − log π_old]")
+        ax_k3.set_ylabel("k3 KL")
+        ax_k3.set_xlabel("response position (bucket start, tokens)")
+        ax_k1.legend(fontsize="small")
+        fig.suptitle("train-rollout mismatch by response position, cumulative numeric sources")
+    return fig

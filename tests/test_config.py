@@ -11,7 +11,7 @@ from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, re
 
 def test_every_committed_recipe_loads():
     names = list_recipes()
-    assert names == ["amd-dsv4-flash-mi308x", "tiny-cpu"]
+    assert names == ["amd-dsv4-flash-mi308x", "tiny-cpu", "tiny-cpu-long"]
     for name in names:
         assert load_recipe(name).name == name
 
@@ -49,6 +49,22 @@ def test_schema_defaults_equal_the_amd_recipe():
     assert defaults == amd
 
 
+def test_long_recipe_is_tiny_cpu_on_the_long_task():
+    """tiny-cpu-long departs from tiny-cpu only in what the long task needs (data, lengths, model, batch)."""
+    short, long = load_recipe("tiny-cpu").model_dump(), load_recipe("tiny-cpu-long").model_dump()
+
+    def leaves(tree, prefix=""):
+        for key, value in tree.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(prefix + key, value)]
+
+    flat_short = dict(leaves(short))
+    changed = sorted(key for key, value in leaves(long) if flat_short[key] != value)
+    assert changed == ["algorithm.prompts_per_step", "data.eval.kind", "data.train.kind", "description",
+                       "lengths.max_context", "lengths.max_response", "model.name", "model.path", "name"]
+    r = load_recipe("tiny-cpu-long")
+    assert r.lengths.max_response >= 12 * 13 + 11 + 1  # the longest worked answer at terms 12, + EOS
+
+
 def test_tiny_recipe_keeps_the_structure():
     t = load_recipe("tiny-cpu")
     assert t.trajectories_per_step == 256 and t.steps == 75 and t.checkpoint.every_steps == 25
@@ -56,11 +72,13 @@ def test_tiny_recipe_keeps_the_structure():
     assert t.rollout.weight_format == "fp8_block" and t.cluster.gpus_per_node == 0
 
 
-def test_every_tiny_departure_carries_a_comment():
-    """Each tiny-cpu value that differs from AMD's sits on a line with a `#` comment (or under a commented key)."""
-    amd = load_recipe("amd-dsv4-flash-mi308x").model_dump()
-    tiny = load_recipe("tiny-cpu").model_dump()
-    lines = (RECIPE_DIR / "tiny-cpu.yaml").read_text().splitlines()
+@pytest.mark.parametrize("base, tiny_name", [("amd-dsv4-flash-mi308x", "tiny-cpu"),
+                                             ("amd-dsv4-flash-mi308x", "tiny-cpu-long"), ("tiny-cpu", "tiny-cpu-long")])
+def test_every_tiny_departure_carries_a_comment(base, tiny_name):
+    """Each tiny value that differs from its base's sits on a line with a `#` comment (or under a commented key)."""
+    amd = load_recipe(base).model_dump()
+    tiny = load_recipe(tiny_name).model_dump()
+    lines = (RECIPE_DIR / f"{tiny_name}.yaml").read_text().splitlines()
 
     def differing(a, b, prefix=""):
         for key, value in b.items():

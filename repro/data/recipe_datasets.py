@@ -12,6 +12,7 @@ from repro.recipes.schema import DatasetConfig
 from repro.data.loaders import load_aime2024, load_dapo_math, load_problems
 from repro.data.records import DAPO_PROMPT_TEMPLATE, MathProblem, render_messages, render_prompt
 from repro.data.tinymath import TINY_PROMPT_TEMPLATE, write_tiny_math
+from repro.data.tinymath_long import write_tiny_math_long
 
 TEMPLATES = {"dapo": DAPO_PROMPT_TEMPLATE, "tiny": TINY_PROMPT_TEMPLATE}
 
@@ -20,6 +21,10 @@ def load_dataset(config: DatasetConfig, data_dir: str | Path, seed: int = 0) -> 
     """Problems of one recipe dataset. tiny_math_* kinds are generated into ``data_dir`` first."""
     template = TEMPLATES[config.template]
     options = dict(on_malformed=config.on_malformed, dedupe=config.dedupe, templates=(template,))
+    if config.kind.startswith("tiny_math_long"):
+        split = "train" if config.kind == "tiny_math_long_train" else "held_out"
+        paths = write_tiny_math_long(data_dir, terms=config.terms, seed=seed, splits=(split,))
+        return list(load_problems(paths[split], layout="dapo", **options).problems)
     if config.kind.startswith("tiny_math"):
         split = "train" if config.kind == "tiny_math_train" else "held_out"
         paths = write_tiny_math(data_dir, digits=config.digits, seed=seed, splits=(split,))

@@ -43,6 +43,11 @@ class Arithmetic:
         return str(self.a + self.b if self.op == "+" else self.a - self.b)
 
     @property
+    def response(self) -> str:
+        """The target response (EOS is the tokenizer's): the task shows no working."""
+        return TINY_RESPONSE_TEMPLATE.format(answer=self.answer)
+
+    @property
     def needs_carry_or_borrow(self) -> bool:
         """True if any column carries (``+``) or borrows (``-``): the harder slice."""
         a, b, carry = self.a, self.b, 0

@@ -22,6 +22,10 @@ from repro.errors import ReproError
 
 TINY_ASSET_NAME = "tiny-dsv4-warm"
 REGENERATE_COMMAND = f"python -m repro warmstart --out repro/assets/{TINY_ASSET_NAME} --seed 0"
+# The same model warm-started on tiny-math-long (recipe tiny-cpu-long); the command is also in its warmstart.json.
+LONG_ASSET_NAME = "tiny-dsv4-long-warm"
+LONG_REGENERATE_COMMAND = (f"python -m repro warmstart --out repro/assets/{LONG_ASSET_NAME} --seed 0 --terms 12 "
+                           "--batch-size 32 --first-eval-step 100 --eval-problems 32 --max-steps 800")
 
 
 class AssetError(ReproError):

@@ -35,7 +35,8 @@ def prompt_texts(problems: list[Arithmetic]) -> list[str]:
 
 @torch.no_grad()
 def sample_responses(
-    model, tokenizer, prompts: list[str], samples: int, temperature: float, seed: int, batch_size: int = 256
+    model, tokenizer, prompts: list[str], samples: int, temperature: float, seed: int, batch_size: int = 256,
+    max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> tuple[list[str], list[bool]]:
     """``samples`` responses per prompt (prompt-major order) and whether each ended with EOS.
 
@@ -55,7 +56,7 @@ def sample_responses(
                 temperature=temperature,
                 top_k=None,
                 top_p=None,
-                max_new_tokens=MAX_NEW_TOKENS,
+                max_new_tokens=max_new_tokens,
                 eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id,
             )
@@ -75,9 +76,11 @@ def sampled_accuracy(
     temperature: float = ROLLOUT_TEMPERATURE,
     seed: int = 0,
     batch_size: int = 256,
+    max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> SampledAccuracy:
     """avg@``samples`` of ``model`` on ``problems`` at ``temperature``, scored by the DAPO reward."""
-    texts, ended = sample_responses(model, tokenizer, prompt_texts(problems), samples, temperature, seed, batch_size)
+    texts, ended = sample_responses(model, tokenizer, prompt_texts(problems), samples, temperature, seed, batch_size,
+                                    max_new_tokens)
     answers = [p.answer for p in problems for _ in range(samples)]
     correct = sum(score_response(text, answer).acc for text, answer in zip(texts, answers))
     return SampledAccuracy(

@@ -24,7 +24,7 @@ MAX_NEW_TOKENS = 12  # "Answer: 198" + EOS, the longest tiny-math response
 
 
 def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None,
-                    layout: str = "deepseek") -> Path:
+                    layout: str = "deepseek", max_new_tokens: int = MAX_NEW_TOKENS) -> Path:
     """Write ``model`` (float32 safetensors) + ``tokenizer`` (+ ``extra_files``: name -> text) to ``out_dir``.
 
     A DeepSeek-V4 goes in ``layout`` ("deepseek": the release's names and config keys; "hf": transformers'
@@ -34,7 +34,7 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
         from repro.model.tiny_release import write_checkpoint
 
         return write_checkpoint(model, tokenizer, out_dir, layout=layout, dtype=torch.float32,
-                                extra_files=extra_files, max_new_tokens=MAX_NEW_TOKENS)
+                                extra_files=extra_files, max_new_tokens=max_new_tokens)
     from transformers import GenerationConfig
 
     with staged_folder(out_dir, extra_files) as tmp:
@@ -42,7 +42,7 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            max_new_tokens=MAX_NEW_TOKENS,
+            max_new_tokens=max_new_tokens,
         )
         model.float().save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -20,8 +20,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from repro.data.tinymath import TINY_PROMPT_TEMPLATE, TINY_RESPONSE_TEMPLATE, Arithmetic, train_problems
+from repro.data.tinymath import TINY_PROMPT_TEMPLATE, Arithmetic, train_problems
+from repro.data.tinymath_long import RunningTotal, long_train_problems
 from repro.model.evaluate import sampled_accuracy
+from repro.model.hf_folder import MAX_NEW_TOKENS
 from repro.model.tiny import build_tiny_model
 from repro.model.tokenizer import build_tiny_tokenizer, encode_strict
 
@@ -43,6 +45,24 @@ class WarmStartConfig:
     max_steps: int = 800
     eval_problems: int = 128  # x 8 samples = 1024 responses: about +-1.5 points of sampling noise
     threads: int = 1  # 2 threads on a shared 2-core machine ran 15x slower (OpenMP spin-waits): 1 is robust
+    terms: int = 0  # 0: tiny-math; N > 0: tiny-math-long with N worked terms (repro/data/tinymath_long.py)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Room for the longest target response + EOS (+2 spare, as the short task's 12 for its 11)."""
+        return max_response_tokens(self.terms)
+
+
+def max_response_tokens(terms: int) -> int:
+    """Generated tokens the task's longest response needs with its EOS, plus two (0: tiny-math's 12)."""
+    if terms == 0:
+        return MAX_NEW_TOKENS
+    return len(RunningTotal(99, 9, terms).response) + 1 + 2  # one token per character
+
+
+def task_train_problems(config: "WarmStartConfig", seed: int) -> list:
+    """The training problems of the configured task in a seeded order."""
+    return train_problems(seed=seed) if config.terms == 0 else long_train_problems(config.terms, seed=seed)
 
 
 @dataclass
@@ -55,7 +75,7 @@ class WarmStartResult:
     history: list[dict] = field(default_factory=list)  # one entry per evaluation: step, loss, accuracy
 
 
-def sft_batch(problems: list[Arithmetic], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def sft_batch(problems: list[Arithmetic] | list[RunningTotal], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, labels)``, both ``[batch, max_len]``: BOS + prompt + response + EOS, right-padded.
 
     Labels are IGNORE on the prompt and padding, so the loss covers only the response and its EOS. They are
@@ -64,7 +84,7 @@ def sft_batch(problems: list[Arithmetic], tokenizer) -> tuple[torch.Tensor, torc
     rows, targets = [], []
     for p in problems:
         prompt = encode_strict(tokenizer, TINY_PROMPT_TEMPLATE.format(problem=p.problem))
-        response = encode_strict(tokenizer, TINY_RESPONSE_TEMPLATE.format(answer=p.answer))[1:]  # drop BOS
+        response = encode_strict(tokenizer, p.response)[1:]  # drop BOS
         ids = prompt + response + [tokenizer.eos_token_id]
         rows.append(ids)
         targets.append([IGNORE] * len(prompt) + ids[len(prompt) :])
@@ -104,7 +124,7 @@ def train_steps(model, tokenizer, config: WarmStartConfig, steps: int, state: di
             "optimizer": optimizer,
             "schedule": schedule,
             "generator": torch.Generator().manual_seed(config.seed),
-            "pool": train_problems(seed=config.seed),
+            "pool": task_train_problems(config, config.seed),
             "losses": [],
             "step": 0,
         }
@@ -131,7 +151,7 @@ def warm_start(config: WarmStartConfig = WarmStartConfig(), log: Callable[[str],
     started = time.perf_counter()
     model = build_tiny_model(config.seed)
     tokenizer = build_tiny_tokenizer()
-    eval_set = train_problems(seed=config.seed + 1)[: config.eval_problems]  # another order: not the first batches
+    eval_set = task_train_problems(config, config.seed + 1)[: config.eval_problems]  # another order: not the first batches
     state, history, reached = None, [], False
     while (state["step"] if state else 0) < config.max_steps:
         done = state["step"] if state else 0
@@ -143,7 +163,8 @@ def warm_start(config: WarmStartConfig = WarmStartConfig(), log: Callable[[str],
             chunk = config.eval_every
         state = train_steps(model, tokenizer, config, min(chunk, config.max_steps - done), state)
         # One generate batch for the whole slice: per-step cost is per-layer overhead, nearly flat in batch size.
-        acc = sampled_accuracy(model, tokenizer, eval_set, seed=config.seed + state["step"], batch_size=1024).accuracy
+        acc = sampled_accuracy(model, tokenizer, eval_set, seed=config.seed + state["step"], batch_size=1024,
+                               max_new_tokens=config.max_new_tokens).accuracy
         recent = state["losses"][-config.eval_every :]
         history.append({"step": state["step"], "loss": sum(recent) / len(recent), "accuracy": acc,
                         "wall_s": round(time.perf_counter() - started, 1)})

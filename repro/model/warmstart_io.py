@@ -10,23 +10,25 @@ from pathlib import Path
 import torch
 import transformers
 
-from repro.data.tinymath import held_out_problems, train_problems
+from repro.data.tinymath import held_out_problems
+from repro.data.tinymath_long import long_held_out_problems
 from repro.model.assets import record_hashes
 from repro.model.hf_folder import save_checkpoint
 from repro.model.evaluate import ROLLOUT_TEMPERATURE, SAMPLES_PER_PROBLEM, sampled_accuracy
 from repro.model.tiny import parameter_count
-from repro.model.warmstart import WarmStartConfig, config_dict, warm_start
+from repro.model.warmstart import WarmStartConfig, config_dict, task_train_problems, warm_start
 
 FINAL_TRAIN_PROBLEMS = 256  # the final report's training-distribution sample (eval slice uses another order)
 FINAL_EVAL_SEED = 12345
 
 
-def final_accuracies(model, tokenizer, seed: int) -> dict:
-    """avg@8 at T=0.8 on 256 training problems (a fresh order) and on the 30 held-out carry/borrow problems."""
-    train = train_problems(seed=seed + 2)[:FINAL_TRAIN_PROBLEMS]
+def final_accuracies(model, tokenizer, config: WarmStartConfig) -> dict:
+    """avg@8 at T=0.8 on 256 training problems (a fresh order) and on the task's 30 held-out problems."""
+    train = task_train_problems(config, config.seed + 2)[:FINAL_TRAIN_PROBLEMS]
+    held = held_out_problems() if config.terms == 0 else long_held_out_problems(config.terms)
     result = {}
-    for name, problems in (("train", train), ("held_out", held_out_problems())):
-        acc = sampled_accuracy(model, tokenizer, problems, seed=FINAL_EVAL_SEED)
+    for name, problems in (("train", train), ("held_out", held)):
+        acc = sampled_accuracy(model, tokenizer, problems, seed=FINAL_EVAL_SEED, max_new_tokens=config.max_new_tokens)
         result[name] = {"avg@8": acc.accuracy, "problems": acc.n_problems, "ended_with_eos": acc.ended_with_eos}
     return result
 
@@ -34,7 +36,7 @@ def final_accuracies(model, tokenizer, seed: int) -> dict:
 def run_and_save(config: WarmStartConfig, out: str | Path, command: str, log=print, record: bool = True) -> dict:
     """Warm start with ``config``, then write ``out`` (checkpoint + warmstart.json) and ``<out>.sha256``."""
     result = warm_start(config, log=log)
-    accuracies = final_accuracies(result.model, result.tokenizer, config.seed)
+    accuracies = final_accuracies(result.model, result.tokenizer, config)
     log(
         f"done in {result.wall_s:.0f} s after {result.steps} steps: avg@8 train {accuracies['train']['avg@8']:.3f}, "
         f"held-out {accuracies['held_out']['avg@8']:.3f}"
@@ -52,7 +54,8 @@ def run_and_save(config: WarmStartConfig, out: str | Path, command: str, log=pri
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
     }
     folder = save_checkpoint(
-        result.model, result.tokenizer, out, extra_files={"warmstart.json": json.dumps(provenance, indent=1) + "\n"}
+        result.model, result.tokenizer, out, extra_files={"warmstart.json": json.dumps(provenance, indent=1) + "\n"},
+        max_new_tokens=config.max_new_tokens,
     )
     if record:
         log(f"hashes recorded in {record_hashes(folder)}")

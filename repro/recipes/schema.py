@@ -116,12 +116,13 @@ class LengthConfig(Section):
 
 
 class DatasetConfig(Section):
-    kind: Literal["dapo_math", "aime_2024", "tiny_math_train", "tiny_math_held_out"] = Field(description="Which dataset layout to read (or generate, for tiny_math_*).")
+    kind: Literal["dapo_math", "aime_2024", "tiny_math_train", "tiny_math_held_out", "tiny_math_long_train", "tiny_math_long_held_out"] = Field(description="Which dataset layout to read (or generate, for tiny_math_*; tiny_math_long_*: answers that show a running total, repro/data/tinymath_long.py).")
     path: str | None = Field(None, description="Local file (parquet or jsonl); required for dapo_math and aime_2024.")
     template: Literal["dapo", "tiny"] = Field("dapo", description="Prompt template: DAPO's 'Answer:' instruction, or the tiny task's 'a+b='.")
     on_malformed: Literal["skip", "fail"] = Field("skip", description="A malformed row is skipped and counted, or stops the load naming the row.")
     dedupe: bool = Field(False, description="Drop repeated problems. AMD's run did not: LumenRL samples every row of the file, and DAPO-Math-17K repeats each problem ~100 times, so a problem's chance is its share of rows (the tiny sets hold no repeats).")
     digits: int = Field(2, ge=1, le=3, description="Operand width of tiny-math problems (the difficulty knob).")
+    terms: int = Field(12, ge=1, le=99, description="Worked lines of a tiny_math_long_* response, ~12 tokens each (the length knob: 12 gives ~160-token responses); ignored by the other kinds.")
 
     @model_validator(mode="after")
     def _path_given_for_files(self) -> "DatasetConfig":
