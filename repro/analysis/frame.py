@@ -18,6 +18,7 @@ import yaml
 
 from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWarning: re-exported)
 # The canonical names the analysis reads; anything else in a log is kept as it is.
+from repro.analysis.lumenrl_origins import streamed_about
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
@@ -179,8 +180,6 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
     if recipe.engine == "lumenrl":  # rows streamed from LumenRL's log: its key origins and step-time convention
-        from repro.lumenrl.stream import streamed_about
-
         about = streamed_about(run_dir)
     frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
     frames.notes.extend(earlier_notes(filled))

@@ -26,7 +26,7 @@ def add_arguments(parser, default_steps: int | None = None):
 def execute(args) -> Path:
     """Open (or resume) the run, train, write the parquet copy; returns the run directory."""
     from repro.run.progress import progress_bar
-    from repro.run.start import run_recipe
+    from repro.engines import run_recipe
     from repro.run.state import no_progress
 
     overrides = list(args.overrides)
