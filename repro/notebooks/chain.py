@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from repro.notebooks.execution import (
-    CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, execute_notebook, notebook_parameters,
-    notebook_path, venv_kernel_name,
-)
+from repro.notebooks.execution import execute_notebook, venv_kernel_name
+from repro.notebooks.files import CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, notebook_path
+from repro.notebooks.parameters import notebook_parameters
 
 # The chain in waves: no notebook reads what another of its wave writes, so a wave's notebooks run side by side
 # (``parallel`` at a time); each wave starts when the one before has finished. The runs (02, 03) own the cores.

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from repro.notebooks.execution import NotebookError, notebook_parameters
+from repro.notebooks.files import NotebookError, notebook_path
 
 # --------------------------------------------------------------------------------------------- parameters
 
 PATH_SUFFIXES = ("_dir", "_path", "_file")
 INJECTED_MARKER = "# Parameters"  # the first line of the cell papermill injects after the parameters cell
+
+
+def notebook_parameters(name: str) -> dict:
+    """The notebook's ``parameters`` cell: {name: {default, help, ...}} (papermill's inspection)."""
+    import papermill as pm
+
+    path = notebook_path(name)
+    if not path.is_file():
+        raise NotebookError(f"notebook {name}: {path} not found")
+    return pm.inspect_notebook(str(path))
 
 
 def declared_parameters(name: str) -> dict[str, Any]:
