@@ -16,7 +16,8 @@ from repro.errors import CheckpointError
 from repro.fp8.quant import BLOCK_SIZE, FP8Format
 from repro.fp8.rules import SCALE_SUFFIXES, decide, pair_scales, release_scale_name, scale_name
 from repro.fp8.safetensors_io import TensorInfo, read_header
-from repro.fp8.stream import FP4_ON_GFX942, PACKED_FP4, check_input_dtype, planned_outputs
+from repro.fp8.mxfp4 import PACKED_FP4
+from repro.fp8.stream import FP4_ON_GFX942, check_input_dtype, planned_outputs
 from repro.model import layouts
 from repro.model.layouts import Part
 
