@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from repro.errors import CheckpointError
-from repro.model.tiny_release import staged_folder
+from repro.model.tiny_release import staged_folder, write_checkpoint
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_NEW_TOKENS = 12  # "Answer: 198" + EOS, the longest tiny-math response
@@ -31,8 +31,6 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
     names). Everything goes to a temp folder next to ``out_dir`` that is renamed into place, so a reader never
     sees a half-written checkpoint."""
     if getattr(model.config, "model_type", None) == "deepseek_v4":
-        from repro.model.tiny_release import write_checkpoint
-
         return write_checkpoint(model, tokenizer, out_dir, layout=layout, dtype=torch.float32,
                                 extra_files=extra_files, max_new_tokens=MAX_NEW_TOKENS)
     from transformers import GenerationConfig

@@ -138,7 +138,7 @@ def check_conventions_kept(recipe: Recipe, stored_path: Path) -> None:
 
 def resolve_model_dir(recipe: Recipe) -> Path:
     if recipe.model.path == "builtin:tiny-dsv4-warm":
-        from repro.model.assets import ensure_warm_checkpoint
+        from repro.model.warmstart_io import ensure_warm_checkpoint  # torch + transformers: the builtin model only
 
         return ensure_warm_checkpoint()
     return require_paths(recipe, ("model.path",))["model.path"]
