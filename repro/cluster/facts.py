@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.readiness import NCCL_VARS, Facts, NodeFacts
+from repro.cluster.readiness_types import NCCL_VARS, Facts, NodeFacts
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe

@@ -28,6 +28,7 @@ import yaml
 from repro.recipes.earlier import EARLIER_CONVENTIONS, fill_earlier_conventions
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
+from repro.cluster.memory_budget import checkpoint_bytes
 from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError
@@ -76,12 +77,6 @@ def clear_run_dir(run_dir: Path) -> None:
         if path.name == LOCK_FILE:
             continue
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
-def checkpoint_bytes(recipe: Recipe) -> int:
-    """Weights in the trainer dtype + fp32 master copy (bf16 only) + two fp32 Adam moments, per parameter."""
-    per_param = {"bf16": 2 + 4 + 8, "fp32": 4 + 8}[recipe.actor.dtype]
-    return recipe.model.num_parameters * per_param
 
 
 def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
