@@ -19,17 +19,18 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from repro.analysis.lumenrl_origins import ORIGINS_FILE
+from repro.errors import ReproError
+from repro.lumenrl import config as lumenrl_config, launch
+from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpoints
+from repro.lumenrl.stream import MetricsStream
+from repro.lumenrl.tracking import wandb_env
+from repro.recipes import dump_recipe, require_paths
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.sinks import check_sinks, open_sinks
 from repro.run.state import Progress, no_progress
-
-from repro.lumenrl import config as lumenrl_config
-from repro.lumenrl import launch
-from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpoints
-from repro.lumenrl.stream import MetricsStream
-from repro.lumenrl.tracking import wandb_env
 
 LOG = Path("logs") / "lumenrl.log"
 WORK = Path("lumenrl")  # config.yaml, command.sh, process.json, finished.json, origins.json
@@ -115,10 +116,6 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
 
     The checkpoints' disk space is not checked here (repro's own runs check it in the run directory): LumenRL's
     shards go to checkpoint_dir on the trainer nodes, which `repro check` (notebook 00) looks at."""
-    from repro.errors import ReproError
-    from repro.recipes import dump_recipe, require_paths
-    from repro.run.sinks import check_sinks, open_sinks
-
     problems = launch.checkout_problems(recipe)
     if problems:
         raise launch.LumenRLError("LumenRL cannot be started from here: " + "; ".join(problems))

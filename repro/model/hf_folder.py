@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from repro.errors import CheckpointError
+from repro.model.served import record, served_from_folder
 from repro.model.tiny_release import staged_folder, write_checkpoint
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -69,8 +70,6 @@ def load_tiny_model(folder: str | Path, dtype: torch.dtype = torch.float32):
     """The model from a safetensors checkpoint folder, in eval mode (local files only, eager attention)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from repro.model.served import record, served_from_folder
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per worker per load is noise in a run's log
     path = check_safetensors_only(folder)

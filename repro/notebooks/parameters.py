@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from repro.notebooks.files import NotebookError, notebook_path
+from repro.paths import resolve_parameter
 
 # --------------------------------------------------------------------------------------------- parameters
 
@@ -70,8 +71,6 @@ def notebook_setup(name: str, namespace: dict, *, quiet: bool = False):
     the paths it uses. Returns the parameters as attributes (an empty path parameter is None: derive it).
     """
     from types import SimpleNamespace
-
-    from repro.paths import resolve_parameter
 
     declared = declared_parameters(name)
     check_parameters(name, injected_parameter_names(namespace.get("In", [])), declared)

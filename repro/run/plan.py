@@ -1,6 +1,6 @@
-"""What every engine's run decides first (``RunPlan``) and hands back (``RunOutcome``), and the SIGTERM guard both
-run under. The engines (``repro.run.start`` for repro's own loop, ``repro.lumenrl.run`` for AMD's LumenRL) share
-these, so neither imports the other; ``repro.engines`` chooses between them.
+"""What every engine's run decides first (``RunPlan``) and hands back (``RunOutcome``), the SIGTERM guard both
+run under, and the smoke run's length. The engines (``repro.run.start`` for repro's own loop, ``repro.lumenrl.run``
+for AMD's LumenRL) share these, so neither imports the other; ``repro.engines`` chooses between them.
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from repro.run.checkpoints import Checkpoint
+if TYPE_CHECKING:  # a type here only: run.checkpoints imports torch, and this module is read by `repro smoke --help`
+    from repro.run.checkpoints import Checkpoint
+
+SMOKE_STEPS = 3  # AMD's smoke test: three optimizer steps before the long run
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from repro.cluster.memory_budget import checkpoint_bytes
 from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError
+from repro.model.hf_folder import load_tiny_tokenizer
+from repro.model.warmstart_io import ensure_warm_checkpoint
 from repro.run.metrics_log import MetricsLog
 from repro.run.rollouts_file import NoRollouts, RolloutsDir
 from repro.run.sinks import check_sinks, open_sinks
@@ -133,8 +135,6 @@ def check_conventions_kept(recipe: Recipe, stored_path: Path) -> None:
 
 def resolve_model_dir(recipe: Recipe) -> Path:
     if recipe.model.path == "builtin:tiny-dsv4-warm":
-        from repro.model.warmstart_io import ensure_warm_checkpoint  # torch + transformers: the builtin model only
-
         return ensure_warm_checkpoint()
     return require_paths(recipe, ("model.path",))["model.path"]
 
@@ -153,8 +153,6 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
     """The run over started groups: data loaded, and with ``resume`` the newest complete checkpoint restored
     (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout; then the
     tracking sinks started on the log as it now stands (the caller closes them: ``run.metrics.close()``)."""
-    from repro.model.hf_folder import load_tiny_tokenizer
-
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(recipe)
     tokenizer = load_tiny_tokenizer(model_dir)

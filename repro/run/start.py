@@ -18,21 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
+from repro.cluster.placement import create_placement_groups, format_placement_table, placement_table, plan_placement
+from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_local_processes, shutdown_ray
 from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.groups.workers import RolloutWorker, TrainerWorker
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import incomplete_checkpoints, latest_checkpoint
+from repro.run.loop import train
+from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.restarts import Restarts, StepFailed, at_step
+from repro.run.run_dir import check_inputs, clear_run_dir, open_run, run_dir_lock
 from repro.run.state import Progress, no_progress
-
-SMOKE_STEPS = 3  # AMD's smoke test: three optimizer steps before the long run
 
 
 def plan_repro_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
                    fresh: bool = False) -> RunPlan:
     """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
     does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
-    from repro.run.metrics_log import MetricsLog
-
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
@@ -56,9 +59,6 @@ def run_repro(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progre
     groups are ended and started again and the run resumes from the newest complete checkpoint
     (``repro.run.restarts``); otherwise the failure is raised as ``RunStopped`` naming the step, the worker or
     file, and the checkpoint to resume from."""
-    from repro.run.restarts import Restarts, StepFailed
-    from repro.run.run_dir import check_inputs, clear_run_dir, run_dir_lock
-
     started = time.perf_counter()
     run_dir = plan.run_dir
     say(plan.describe())
@@ -99,10 +99,6 @@ class Attempt:
 
     def run(self, resume: bool, warmup: float, progress: Progress, say: Callable[[str], None]) -> float:
         """Start, resume if asked, train to the end, write the parquet log; returns the warm-up seconds."""
-        from repro.run.loop import train
-        from repro.run.restarts import at_step
-        from repro.run.run_dir import open_run
-
         newest = latest_checkpoint(self.run_dir / "checkpoints") if resume else None
         with ExitStack() as stack:
             with at_step(newest.step if newest else 0):  # failing to start or resume: at the step it resumes from
@@ -128,8 +124,6 @@ class Attempt:
 
 def in_process_groups(recipe: Recipe, model_dir: Path) -> tuple[TrainerGroup, RolloutGroup]:
     """Trainer and rollout as plain objects in this process (tests, debugging, a notebook kernel)."""
-    from repro.groups.workers import RolloutWorker, TrainerWorker
-
     return TrainerWorker(recipe, model_dir), RolloutWorker(recipe, model_dir)
 
 
@@ -146,10 +140,7 @@ class RaySession:
     @contextmanager
     def groups(self, model_dir: Path) -> Iterator[tuple[TrainerGroup, RolloutGroup]]:
         """Both groups placed and started; on exit their actors are ended and the placement released."""
-        from repro.cluster.placement import (
-            create_placement_groups, format_placement_table, placement_table, plan_placement,
-        )
-        from repro.groups.ray_actors import stop_actors
+        from repro.groups.ray_actors import stop_actors  # ray (seconds to import): runs on Ray only
         from repro.groups.ray_groups import start_groups
 
         placement = create_placement_groups(plan_placement(self.recipe))
@@ -171,8 +162,6 @@ class RaySession:
         them) for the clean-up after a killed driver. Returns the workers by name."""
         import json
 
-        from repro.cluster.runtime import record_local_processes
-
         processes = trainer.processes() + rollout.processes()
         self.attempts.append(processes)
         path = self.run_dir / "logs" / "workers.json"
@@ -190,8 +179,7 @@ def ray_session(recipe: Recipe, run_dir: Path) -> Iterator[RaySession]:
     what a killed earlier run in ``run_dir`` left of its own is ended first, by recorded process id)."""
     import ray
 
-    from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_local_processes, shutdown_ray
-    from repro.groups.ray_groups import check_group_sizes
+    from repro.groups.ray_groups import check_group_sizes  # ray (seconds to import): runs on Ray only
 
     check_group_sizes(recipe)
     record = run_dir / "logs" / "ray_processes.json"
