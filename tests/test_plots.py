@@ -19,7 +19,8 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    return write_synthetic_run(tmp_path_factory.mktemp("run"), steps=75, seed=0)
+    # a fixed folder name: the label is the folder's name, and mktemp numbers "run" folders across the session
+    return write_synthetic_run(tmp_path_factory.mktemp("plots") / "run0", steps=75, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ from repro.run.sinks import check_sinks, open_sinks
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.run.state import Run
+from repro.run.steps import sync_weights
 
 
 LOCK_FILE = "run.lock"

@@ -194,6 +194,6 @@ def test_a_wrong_run_path_names_the_notebook_and_cell_and_keeps_the_screenshot(p
     message = str(failure.value)
     assert message.startswith("notebook 13_kl_ess: cell 2 ('import pandas as pd') shows an error:")
     assert "MetricsError" in message and "no-such-run" in message
-    assert "notebook 13_kl_ess: cells 3, 4, 6, 8, 9 did not run after it" in message
+    assert "notebook 13_kl_ess: cells 3, 4, 6, 8, 10, 11 did not run after it" in message
     assert f"screenshot: {screenshots / '13_kl_ess.png'}" in message
     assert (screenshots / "13_kl_ess.png").stat().st_size > 10_000
