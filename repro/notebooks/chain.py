@@ -13,7 +13,6 @@ from repro.cluster.runtime import end_recorded_processes, shared_local_instance
 from repro.notebooks.execution import execute_notebook, venv_kernel_name
 from repro.notebooks.files import CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, notebook_path
 from repro.notebooks.parameters import notebook_parameters
-from repro.recipes import load_recipe
 from repro.run.plan import SMOKE_STEPS
 
 # The chain in waves: no notebook reads what another of its wave writes, so a wave's notebooks run side by side
@@ -67,6 +66,8 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
     parameter is simply not passed it. Two notebooks see some values differently: the smoke run (02) writes to
     its own throwaway directory for 3 steps, and the FP8 notebook (01) writes under ``<run_dir>/fp8``.
     """
+    from repro.recipes import load_recipe  # pydantic: not for `repro notebooks --help`
+
     pool = {"recipe": recipe, "run_dir": str(run_dir), "source": str(run_dir), "steps": steps or 0, "overrides": overrides,
             "in_process": in_process, "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}
     results_dir = None
@@ -167,6 +168,8 @@ def _present(name: str, result: ChainResult, log: Callable[[str], None]) -> bool
 def _share_one_ray_instance(stack: ExitStack, run_dir: Path, recipe: str, overrides: list[str],
                             log: Callable[[str], None]) -> None:
     """Start the local Ray instance the smoke and full runs join (and end what a killed chain left of one)."""
+    from repro.recipes import load_recipe
+
     record = run_dir / "logs" / "ray_processes.chain.json"
     end_recorded_processes(record)
     shared = stack.enter_context(shared_local_instance(load_recipe(recipe, overrides), record))
@@ -205,6 +208,7 @@ class _WaveRunner:
 
 def ensure_model(recipe: str, overrides: Iterable[str] = ()) -> str:
     """The warm-started tiny checkpoint the recipe runs from, regenerated if missing (`make repro`'s first step)."""
+    from repro.recipes import load_recipe
     from repro.run.run_dir import resolve_model_dir  # torch, transformers: the driver needs them only here
 
     return str(resolve_model_dir(load_recipe(recipe, list(overrides))))
