@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="the trainer's compute dtype")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from repro.model.assets import ensure_warm_checkpoint
+    from repro.model.warmstart_io import ensure_warm_checkpoint
     from repro.model.hf_folder import load_checkpoint
 
     from repro.model import layouts

@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from repro.data.recipe_datasets import prompt_ids
     from repro.data.tinymath import TINY_PROMPT_TEMPLATE, train_problems
-    from repro.model.assets import ensure_warm_checkpoint
+    from repro.model.warmstart_io import ensure_warm_checkpoint
     from repro.model.hf_folder import load_checkpoint
     from repro.rollout.embedded import EmbeddedEngine
     from repro.rollout.types import SamplingParams

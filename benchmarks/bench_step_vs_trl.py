@@ -77,7 +77,7 @@ def repro_step_seconds(steps: int, tree: Path, overrides: list[str], in_process:
 
 
 def trl_step_seconds(steps: int, threads: int, gradient_checkpointing: bool) -> list[float]:
-    from repro.model.assets import ensure_warm_checkpoint
+    from repro.model.warmstart_io import ensure_warm_checkpoint
 
     python = TRL_VENV / "bin" / "python"
     if not python.exists():

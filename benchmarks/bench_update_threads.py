@@ -59,7 +59,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection
 
-    from repro.model.assets import ensure_warm_checkpoint
+    from repro.model.warmstart_io import ensure_warm_checkpoint
     from repro.model.hf_folder import load_checkpoint
     from repro.recipes import load_recipe
     from repro.train.embedded import EmbeddedTrainer

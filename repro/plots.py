@@ -26,6 +26,7 @@ from matplotlib.ticker import PercentFormatter
 
 from repro.analysis import summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, THROUGHPUT, MetricsError, RunFrames
+from repro.analysis.sources import load_sources
 from repro.metric_keys import position_buckets
 from repro.reference import amd_reference, amd_value
 
@@ -305,8 +306,6 @@ def make_all_figures(sources, out_dir: str | Path, **source_options) -> list[Pat
     """Every figure the sources have data for, as PNG + SVG; ``sources``: run sources (repro.analysis.sources) or
     frames, one or a list. A figure no source can draw is skipped with a warning naming what is missing (e.g. a run
     stopped before its first evaluation)."""
-    from repro.analysis.sources import load_sources
-
     frames = load_sources(sources, **source_options)
     written = []
     for name, plot in FIGURES.items():

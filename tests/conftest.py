@@ -23,7 +23,7 @@ def fault_baseline(tmp_path_factory):
     from run_faults_support import BASELINE_STEPS, FAULT_RUN, log_rows
 
     from repro.recipes import load_recipe
-    from repro.run.start import run_recipe
+    from repro.engines import run_recipe
 
     run_dir = tmp_path_factory.mktemp("fault-baseline")
     before = torch.get_num_threads()

@@ -13,7 +13,7 @@ from repro.cli import main as cli_main
 from repro.fp8.convert import ConvertOptions, convert_checkpoint
 from repro.fp8.rules import decide
 from repro.fp8.stream import quantize_tensors
-from repro.model.tiny import build_tiny_checkpoint
+from repro.model.tiny_release import build_tiny_checkpoint
 from repro.model.tiny import build_tiny_model
 from repro.fp8.verify import rel_error_bound, verify_checkpoint
 

@@ -10,7 +10,7 @@ from repro.fp8.quant import dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block
 from repro.fp8.mxfp4 import double_scale, e8m0_to_float, float_to_e8m0
 from repro.fp8.rules import pair_scales
 from repro.fp8.stream import fn_to_fnuz_tensors
-from repro.model.tiny import build_tiny_checkpoint
+from repro.model.tiny_release import build_tiny_checkpoint
 
 
 def vllm_normalize_e4m3fn_to_e4m3fnuz(weight, weight_scale, input_scale=None):

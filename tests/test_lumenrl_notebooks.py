@@ -16,7 +16,7 @@ from repro.analysis import compare_to_amd, load_run, summary
 from repro.lumenrl.launch import LumenRLError
 from repro.notebooks import execute_notebook
 from repro.recipes import load_recipe
-from repro.run.start import run_recipe
+from repro.engines import run_recipe
 
 AMD = "amd-dsv4-flash-mi308x"
 STEPS = 8

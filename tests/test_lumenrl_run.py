@@ -1,4 +1,4 @@
-"""engine: lumenrl end to end through the one entry point (repro.run.start), on a STAND-IN for LumenRL.
+"""engine: lumenrl end to end through the one entry point (repro.engines), on a STAND-IN for LumenRL.
 
 The program started here is tests/standins/lumenrl_trainer_main.py, not LumenRL (which needs AMD's images and GPUs):
 it writes LumenRL's log lines and checkpoint folders at a set pace, crashes when told, and resumes from its
@@ -25,7 +25,7 @@ from repro.errors import RecipeError, ReproError
 from repro.lumenrl.launch import LumenRLError
 from repro.recipes import load_recipe
 from repro.run.metrics_log import MetricsLog
-from repro.run.start import plan_run, run_recipe
+from repro.engines import plan_run, run_recipe
 
 AMD = "amd-dsv4-flash-mi308x"
 

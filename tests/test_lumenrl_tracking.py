@@ -12,7 +12,7 @@ from repro.lumenrl.config import flatten, lumenrl_config
 from repro.lumenrl.launch import LumenRLError
 from repro.recipes import load_recipe
 from repro.run.metrics_log import MetricsLog
-from repro.run.start import run_recipe
+from repro.engines import run_recipe
 
 AMD = "amd-dsv4-flash-mi308x"
 ON_LUMENRL = ["engine=lumenrl", "lumenrl.path=/opt/Lumen-RL"]

@@ -5,9 +5,8 @@ import shutil
 
 import pytest
 
-from repro.model.assets import (
-    AssetError, ensure_warm_checkpoint, hash_file_for, record_hashes, tiny_checkpoint_path, verify_hashes,
-)
+from repro.model.assets import AssetError, hash_file_for, record_hashes, tiny_checkpoint_path, verify_hashes
+from repro.model.warmstart_io import ensure_warm_checkpoint
 
 
 def test_shipped_files_match_recorded_hashes():

@@ -13,7 +13,7 @@ import torch
 from repro.cli import main
 from repro.data.records import MathProblem
 from repro.errors import ReproError
-from repro.model.assets import ensure_warm_checkpoint
+from repro.model.warmstart_io import ensure_warm_checkpoint
 from repro.model.hf_folder import load_tiny_tokenizer
 from repro.reward import RewardResult
 from repro.rollout.types import FinishReason, RolloutResult, Trajectory

@@ -25,7 +25,7 @@ from repro.recipes import load_recipe
 from repro.run.checkpoints import incomplete_checkpoints, latest_checkpoint, save_checkpoint
 from repro.run.metrics_log import MetricsLog
 from repro.run.restarts import Restarts, RunStopped, StepFailed
-from repro.run.start import plan_run, run_recipe
+from repro.engines import plan_run, run_recipe
 
 STEPS = 4
 
@@ -342,7 +342,7 @@ def test_max_restarts_flag_sets_the_recipe_field(tmp_path, monkeypatch):
         seen.append(recipe)
         raise ReproError("not run")
 
-    monkeypatch.setattr("repro.run.start.run_recipe", run_recipe_stand_in)
+    monkeypatch.setattr("repro.engines.run_recipe", run_recipe_stand_in)
     assert cli.main(["run", "--max-restarts", "3", "--run-dir", str(tmp_path), "--quiet"]) == 1
     assert cli.main(["run", "--run-dir", str(tmp_path), "--quiet"]) == 1
     assert [r.checkpoint.max_restarts for r in seen] == [3, 0]  # the default: stop at a death, as LumenRL does

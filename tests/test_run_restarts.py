@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 from run_faults_support import BASELINE_STEPS, FAULT_RUN, log_rows, numbers, wait_gone  # noqa: E402
 
 from repro.recipes import load_recipe  # noqa: E402
-from repro.run.start import run_recipe  # noqa: E402
+from repro.engines import run_recipe  # noqa: E402
 
 ROLLOUT, TRAINER = "rollout worker 0", "trainer worker 0"
 # step -> (worker killed, its Ray process title while in the call, the call the run then names)

@@ -22,7 +22,8 @@ from repro.run.loop import train
 from repro.run.metrics_log import MetricsLog
 from repro.run.rollouts_file import read_rollouts, rollouts_path
 from repro.run.run_dir import check_inputs, open_run
-from repro.run.start import in_process_groups, run_recipe
+from repro.engines import run_recipe
+from repro.run.start import in_process_groups
 
 SMALL = [
     "steps=4", "algorithm.prompts_per_step=4", "lengths.max_response=12", "eval.samples_per_problem=2",

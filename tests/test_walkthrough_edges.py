@@ -14,7 +14,7 @@ import pytest
 from repro.notebooks import NotebookError, execute_notebook
 from repro.recipes import load_recipe
 from repro.run.checkpoints import save_checkpoint
-from repro.run.start import plan_run
+from repro.engines import plan_run
 
 TINY = load_recipe("tiny-cpu", ["steps=4"])
 

@@ -3,7 +3,7 @@ convention and dual-clip -- run, summarised, and
 compared with seed noise.
 
 Each arm is the tiny recipe with one change (``ARMS``), run for a shortened step count with several seeds into
-``<out_dir>/<arm>/seed<N>/`` by the one entry point (``repro.run.start.run_recipe``), and read back through the
+``<out_dir>/<arm>/seed<N>/`` by the one entry point (``repro.engines.run_recipe``), and read back through the
 same sources as every analysis notebook (``repro.analysis.sources``). Per run: reward accuracy by phase, held-out
 avg@k at the last evaluation with its bootstrap band over problems, the mean k1/k3 KL, ESS and share of tokens above
 the cap, and the median step time. Per arm: the mean over seeds and the seed range [min, max]. A difference from the
@@ -22,6 +22,7 @@ import pandas as pd
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, MetricsError, RunFrames
 from repro.analysis.summary import eval_table, phase_means
 from repro.metric_keys import IS_FRACTION_HIGH
+from repro.recipes import load_recipe
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,7 @@ def run_dir_of(out_dir: str | Path, arm: str, seed: int) -> Path:
 def run_ablations(out_dir: str | Path, arms=ARM_NAMES, seeds=(0, 1), steps: int = 30, eval_every: int = 10,
                   recipe: str = "tiny-cpu", in_process: bool = True, say=print) -> list[Path]:
     """Run every (arm, seed) not already complete in ``out_dir`` (a finished one is left as it is: resume)."""
-    from repro.recipes import load_recipe
-    from repro.run.start import run_recipe
+    from repro.engines import run_recipe  # torch + transformers: only to run the arms, not to summarise them
 
     dirs = []
     for name in arms:

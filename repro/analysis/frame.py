@@ -16,11 +16,13 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from repro.analysis.lumenrl_origins import streamed_about
 from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWarning: re-exported)
 # The canonical names the analysis reads; anything else in a log is kept as it is.
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
+from repro.recipes import validate_recipe
 from repro.recipes.earlier import EARLIER_CONVENTIONS, EARLIER_IS_METRICS_NOTE, fill_earlier_conventions
 from repro.recipes.schema import Recipe
 
@@ -148,8 +150,6 @@ def read_jsonl(path: Path) -> list[dict]:
 def read_recipe(path: Path) -> tuple[Recipe, list[str]]:
     """A run's resolved recipe, and the convention keys it predates (filled with what repro then ran:
     ``repro.recipes.earlier``)."""
-    from repro.recipes import validate_recipe
-
     if not path.is_file():
         raise MetricsError(f"{path}: recipe not found (a run dir holds the resolved recipe.yaml)")
     try:
@@ -179,8 +179,6 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
     if recipe.engine == "lumenrl":  # rows streamed from LumenRL's log: its key origins and step-time convention
-        from repro.lumenrl.stream import streamed_about
-
         about = streamed_about(run_dir)
     frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
     frames.notes.extend(earlier_notes(filled))

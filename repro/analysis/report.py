@@ -12,6 +12,7 @@ from repro.analysis import caveats, summary
 from repro.analysis.compare import AMD_STEPS, compare_to_amd
 from repro.analysis.formats import fmt
 from repro.analysis.frame import STEP_SECONDS, RunFrames
+from repro.reference import amd_facts
 
 TITLE = "comparison with AMD's DeepSeek-V4-Flash RL run (24 x MI308X)"
 BANDS = ("Noise bands: phase means use the run's single-step spread / √n (×1.96); held-out accuracy uses a "
@@ -131,8 +132,6 @@ def render_report(sources: RunFrames | list[RunFrames]) -> str:
 
 
 def amd_value_dates() -> str:
-    from repro.reference import amd_facts
-
     facts = amd_facts()
     return f"{facts['run_start']} to {facts['run_end']}"
 

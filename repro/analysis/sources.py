@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.analysis.frame import METRICS_FILE, RECIPE_FILE, MetricsError, RunFrames, load_run
+from repro.analysis.importers import read_verl_jsonl, read_wandb_csv
+from repro.analysis.lumenrl_log import is_lumenrl_log, read_lumenrl_log
+from repro.notebooks.parameters import declared_parameters
+from repro.paths import project_path, resolve_parameter
 
 KINDS = ("run", "wandb", "lumenrl", "verl", "jsonl")
 SNIFF_BYTES = 1 << 20  # enough of a log to find its first metrics line among start-up output
@@ -87,8 +91,6 @@ def _json_object(line: str) -> bool:
 
 def detect_kind(paths: list[Path]) -> str:
     """run / wandb / lumenrl / verl, from what the files hold. Raises naming the path when it cannot tell."""
-    from repro.analysis.lumenrl_log import is_lumenrl_log
-
     first = paths[0]
     if first.is_dir():
         if (first / METRICS_FILE).is_file():
@@ -116,9 +118,6 @@ def load_source(source: str | os.PathLike | SourceSpec | RunFrames, *, base: Pat
     """The frames of one source (see the module docstring). ``base``: the folder relative paths are read from
     (default: the working directory). ``data_source`` picks the val-core data source, ``wandb_run`` the run of a
     panel export holding several."""
-    from repro.analysis.importers import read_verl_jsonl, read_wandb_csv
-    from repro.analysis.lumenrl_log import read_lumenrl_log
-
     if isinstance(source, RunFrames):
         return source
     spec = source if isinstance(source, SourceSpec) else parse_source(source)
@@ -166,8 +165,6 @@ def resolve_source_parameter(value, default) -> list[str]:
     """A notebook's ``source`` parameter as source strings with absolute paths: left at its default, each path is
     the project's (JupyterLab starts kernels in notebooks/); typed by a person, it is taken from the working
     directory (repro.paths). Labels and kind prefixes are kept."""
-    from repro.paths import resolve_parameter
-
     values = [value] if isinstance(value, (str, os.PathLike)) else list(value)
     at_default = value == default
     out = []
@@ -185,8 +182,6 @@ def resolve_source_parameter(value, default) -> list[str]:
 def notebook_sources(name: str, value, *, quiet: bool = False, **options) -> list[RunFrames]:
     """What an analysis notebook's first cell calls after ``notebook_setup``: its ``source`` parameter (one source
     or a list) resolved as ``notebook_setup`` resolves paths, loaded, and each printed with what it holds."""
-    from repro.notebooks.parameters import declared_parameters
-
     resolved = resolve_source_parameter(value, declared_parameters(name).get("source"))
     loaded = load_sources(resolved, **options)
     if not quiet:
@@ -208,8 +203,6 @@ def describe(frames: RunFrames) -> str:
 def default_output_dir(sources: list[RunFrames]) -> Path:
     """Where outputs go when not told: the first source's run directory for a repro run, else runs/compare/ of the
     project (an export's folder is someone else's)."""
-    from repro.paths import project_path
-
     first = sources[0]
     if first.kind == "repro" and first.recipe is not None:
         return first.source.parent

@@ -20,7 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.readiness import NCCL_VARS, Facts, NodeFacts
+from repro.cluster.readiness_types import NCCL_VARS, Facts, NodeFacts
+from repro.cluster.runtime import ensure_ray, shutdown_ray
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -84,8 +85,6 @@ def resolve_address(address: str | None) -> str | None:
 
 def _ray_facts(recipe: "Recipe", facts: Facts) -> None:
     import ray
-
-    from repro.cluster.runtime import ensure_ray, shutdown_ray
 
     facts.ray_address = recipe.cluster.ray_address
     connected_before = ray.is_initialized()

@@ -23,7 +23,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from repro.cluster import ClusterError
-from repro.cluster.placement import ROLLOUT, TRAINER, PlacementPlan, PlacementRow
+from repro.cluster.memory_budget import format_budget, memory_budget
+from repro.cluster.placement import (
+    ROLLOUT, TRAINER, PlacementPlan, PlacementRow, create_placement_groups, placement_table, plan_placement,
+)
+from repro.cluster.runtime import ensure_ray, shutdown_ray
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -115,7 +119,7 @@ def backend_arguments(recipe: "Recipe") -> dict[str, dict[str, Any]]:
     ``SamplingParams`` when the rollout is vLLM."""
     sections: dict[str, dict[str, Any]] = {}
     if recipe.actor.backend == "megatron":
-        from repro.train.megatron.config import megatron_layout
+        from repro.train.megatron.config import megatron_layout  # torch: only for the backends the recipe names
 
         for name, values in megatron_layout(recipe).items():
             sections[f"megatron {name}"] = values
@@ -213,8 +217,6 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
 
 def format_memory_budget(recipe: "Recipe") -> str:
     """Each trainer rank's memory against the recipe's device and host capacities (repro.cluster.memory_budget)."""
-    from repro.cluster.memory_budget import format_budget, memory_budget
-
     return format_budget(recipe, memory_budget(recipe))
 
 
@@ -224,9 +226,6 @@ def dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> tuple[str, list[Place
     Returns the printed text and the placement rows. Ray is left as found: a connection made here is closed.
     """
     import ray
-
-    from repro.cluster.placement import create_placement_groups, placement_table, plan_placement
-    from repro.cluster.runtime import ensure_ray, shutdown_ray
 
     plan = plan_placement(recipe)
     recipe_sizes(recipe)  # a layout that does not divide fails before Ray is touched
@@ -250,8 +249,6 @@ def simulated_dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> str:
     which worker can be seen anywhere. Nothing touches a real GPU; the cluster is shut down afterwards."""
     import ray
     from ray.cluster_utils import Cluster
-
-    from repro.cluster.placement import plan_placement
 
     if ray.is_initialized():
         raise LaunchError("a simulated dry run needs this process free of any Ray connection")

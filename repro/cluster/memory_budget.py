@@ -247,3 +247,9 @@ def format_budget(recipe: "Recipe", budget: MemoryBudget) -> str:
         lines.append("fits: every rank within its device" + (", every node within its host RAM" if budget.host_capacity
                                                              else "; host RAM not judged"))
     return "\n".join(lines)
+
+
+def checkpoint_bytes(recipe: "Recipe") -> int:
+    """Weights in the trainer dtype + fp32 master copy (bf16 only) + two fp32 Adam moments, per parameter."""
+    per_param = {"bf16": 2 + 4 + 8, "fp32": 4 + 8}[recipe.actor.dtype]
+    return recipe.model.num_parameters * per_param

@@ -10,89 +10,31 @@ checks say SKIP instead of failing: nothing there needs a GPU.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+
+from repro.cluster.facts import gather_facts
+from repro.cluster.memory_budget import checkpoint_bytes, memory_budget, optimizer_bytes
+from repro.cluster.placement import plan_placement
+from repro.cluster.runtime import LOCAL_OBJECT_STORE_BYTES
+# how results are shown and saved (readiness_report), the gathered facts and the verdicts (readiness_types) and the
+# version rows (readiness_versions) are re-exported: `repro check`, notebook 00 and the tests read them here
+from repro.cluster.readiness_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: F401
+from repro.cluster.readiness_types import (  # noqa: F401
+    CPU_MODE_SKIP, FAIL, NCCL_VARS, PASS, SKIP, WARN, Check, CheckResult, Facts, NodeFacts, cpu_mode, kind_name, skipped,
+)
+from repro.cluster.readiness_versions import (  # noqa: F401
+    VERSION_CHECKS, check_lumenrl, check_megatron, check_platform, check_python, check_ray_version, check_torch,
+    check_transformers, check_vllm,
+)
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
-PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
-CPU_MODE_SKIP = "CPU mode: the tiny recipe needs no accelerator"
-
 # FP8 encodings by architecture: MI300-class (gfx942, incl. MI308X) computes in e4m3fnuz (max 240);
 # MI350-class (gfx950) and NVIDIA (Hopper/Blackwell) in OCP e4m3fn (max 448).
 FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
-# Environment variables RCCL/NCCL read for the network; reported as found, some checked.
-NCCL_VARS = (
-    "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_IB_DISABLE",
-    "NCCL_DEBUG", "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME", "RCCL_MSCCL_ENABLE", "HSA_FORCE_FINE_GRAIN_PCIE",
-)
 RAM_WARN_FRACTION = 0.8  # above this share of host RAM the offloaded optimizer leaves too little for the rest
 DISK_WARN_MARGIN = 1.1
-
-
-@dataclass
-class NodeFacts:
-    node_id: str
-    ip: str
-    gpus: float
-    cpus: float
-    accelerator_type: str | None = None  # Ray's accelerator_type:* resource (e.g. "AMD-Instinct-MI300X-OAM")
-
-
-@dataclass
-class Facts:
-    """What ``gather_facts`` found. None means "could not be determined here"."""
-
-    ray_address: str | None = None  # the address tried ('auto', host:port, or None for a local instance)
-    ray_reachable: bool = False
-    ray_error: str | None = None
-    ray_started_local: bool = False
-    nodes: list[NodeFacts] = field(default_factory=list)
-    accelerator: str = "none"  # "rocm", "cuda" or "none": what torch on this host sees
-    device_count: int = 0
-    device_name: str | None = None
-    arch: str | None = None  # "gfx942", "gfx950", "sm_90", ...
-    arch_source: str | None = None  # where arch came from (torch, rocminfo, amd-smi)
-    versions: dict[str, str | None] = field(default_factory=dict)  # python, torch, rocm, vllm, ray, transformers, ...
-    rdma_devices: list[str] = field(default_factory=list)
-    rdma_source: str | None = None  # "/sys/class/infiniband", "ibv_devices" or None (neither present)
-    nccl_env: dict[str, str] = field(default_factory=dict)
-    disk_path: str = "."
-    disk_free_bytes: int | None = None
-    host_ram_bytes: int | None = None
-    device_memory_bytes: int | None = None  # memory of this node's first accelerator (torch's total_memory)
-    shm_total_bytes: int | None = None
-    shm_free_bytes: int | None = None
-    ray_local_deferred: bool = False  # ray_address null: not started by the check (the run starts its own)
-    ray_version: str | None = None
-    model_staged: bool = False  # model.path already exists (so it already occupies /dev/shm if it lives there)
-    lumenrl_path: str | None = None  # where `import lumenrl` would load from (None: not importable)
-    lumenrl_commit: str | None = None  # its git commit, or the one the image recorded (/workspace/SOURCE_VERSIONS)
-
-    @property
-    def total_gpus(self) -> float:
-        return sum(n.gpus for n in self.nodes)
-
-    @property
-    def total_cpus(self) -> float:
-        return sum(n.cpus for n in self.nodes)
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    check: str
-    status: str
-    detail: str
-    fix: str = ""
-
-
-Check = Callable[["Recipe", Facts], CheckResult]
-
-
-def cpu_mode(recipe: "Recipe") -> bool:
-    return recipe.cluster.gpus_per_node == 0
 
 
 def expected_gpus(recipe: "Recipe") -> int:
@@ -108,16 +50,8 @@ def fp8_format_for(accelerator: str, arch: str | None) -> str | None:
     return None
 
 
-def _kind(accelerator: str) -> str:
-    return {"rocm": "ROCm", "cuda": "CUDA", "cpu": "CPU", "none": "no"}.get(accelerator, accelerator)
-
-
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
-
-
-def _skip(name: str, why: str = CPU_MODE_SKIP) -> CheckResult:
-    return CheckResult(name, SKIP, why)
 
 
 # -- the checks ------------------------------------------------------------------------------------------
@@ -142,7 +76,7 @@ def check_ray(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 def check_gpu_count(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        return _skip("gpu_count")
+        return skipped("gpu_count")
     need = expected_gpus(recipe)
     if not facts.ray_reachable:
         return CheckResult("gpu_count", FAIL, f"0 of {need} GPUs: Ray is not reachable, so no GPU is visible to the run "
@@ -165,8 +99,6 @@ def check_nodes(recipe: "Recipe", facts: Facts) -> CheckResult:
     if not facts.ray_reachable:
         return CheckResult("nodes", FAIL, "no nodes: Ray is not reachable", "fix the ray check first")
     if cpu_mode(recipe):
-        from repro.cluster.placement import plan_placement
-
         need = sum(b.get("CPU", 0) for g in plan_placement(recipe).groups for b in g.bundles)
         if facts.total_cpus < need:
             return CheckResult("nodes", FAIL, f"Ray offers {facts.total_cpus:g} CPUs, the plan needs {need:g}",
@@ -187,17 +119,17 @@ def check_nodes(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 def check_accelerator(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        return _skip("accelerator")
+        return skipped("accelerator")
     want = recipe.cluster.accelerator
     seen = f"{facts.device_count} x {facts.device_name or '?'} ({facts.arch or 'arch unknown'})"
     if facts.accelerator == "none":
-        return CheckResult("accelerator", FAIL, f"no {_kind(want)} GPU visible to torch on this host "
+        return CheckResult("accelerator", FAIL, f"no {kind_name(want)} GPU visible to torch on this host "
                                                  f"(torch {facts.versions.get('torch') or '?'})",
-                           f"run on a node of the cluster with the {_kind(want)} build of torch"
+                           f"run on a node of the cluster with the {kind_name(want)} build of torch"
                            + (f" {recipe.cluster.versions.torch}" if recipe.cluster.versions.torch else ""))
     if facts.accelerator != want:
-        return CheckResult("accelerator", FAIL, f"torch sees {_kind(facts.accelerator)} GPUs ({seen}), the recipe expects {_kind(want)}",
-                           f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {_kind(want)} cluster")
+        return CheckResult("accelerator", FAIL, f"torch sees {kind_name(facts.accelerator)} GPUs ({seen}), the recipe expects {kind_name(want)}",
+                           f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {kind_name(want)} cluster")
     if want == "rocm" and facts.arch and not facts.arch.startswith("gfx942"):
         return CheckResult("accelerator", WARN, f"{seen}: AMD's run used MI308X (gfx942)",
                            "fine to run; throughput and FP8 encoding differ from AMD's numbers")
@@ -217,7 +149,7 @@ def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
                                                f"gfx950/NVIDIA: e4m3fn); rollout.fp8_format={configured}",
                            "run repro check on a node of the cluster")
     if hardware is None:
-        return CheckResult("fp8_format", WARN, f"cannot tell the FP8 encoding: {_kind(facts.accelerator)} GPU, arch unknown",
+        return CheckResult("fp8_format", WARN, f"cannot tell the FP8 encoding: {kind_name(facts.accelerator)} GPU, arch unknown",
                            "install rocminfo or amd-smi (ROCm) so the architecture can be read, then rerun")
     if configured == "auto":
         return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware}; rollout.fp8_format: auto picks it")
@@ -230,7 +162,7 @@ def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 def check_rdma(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        return _skip("rdma")
+        return skipped("rdma")
     if facts.rdma_devices:
         return CheckResult("rdma", PASS, f"{len(facts.rdma_devices)} RDMA device(s) from {facts.rdma_source}: "
                                          f"{', '.join(facts.rdma_devices)}")
@@ -244,7 +176,7 @@ def check_rdma(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 def check_nccl_env(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        return _skip("nccl_env")
+        return skipped("nccl_env")
     shown = ", ".join(f"{k}={v}" for k, v in sorted(facts.nccl_env.items())) or "none set"
     hca = facts.nccl_env.get("NCCL_IB_HCA")
     if hca and facts.rdma_devices:
@@ -266,8 +198,6 @@ def check_nccl_env(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 
 def check_disk(recipe: "Recipe", facts: Facts) -> CheckResult:
-    from repro.run.run_dir import checkpoint_bytes
-
     each = checkpoint_bytes(recipe)
     need = each * (recipe.checkpoint.keep_last + 1)
     what = (f"checkpoints need ~{_gb(need)} ({recipe.checkpoint.keep_last} kept + 1 being written, {_gb(each)} each: "
@@ -287,19 +217,13 @@ def check_disk(recipe: "Recipe", facts: Facts) -> CheckResult:
 def optimizer_bytes_per_node(recipe: "Recipe") -> int:
     """Host RAM the busiest trainer node needs for its ranks' CPU-offloaded optimizer state: the number
     `repro launch --dry-run` prints (``repro.cluster.memory_budget``)."""
-    from repro.cluster.memory_budget import memory_budget
-
     return max(memory_budget(recipe).node_host)
 
 
 def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        from repro.run.run_dir import checkpoint_bytes
-
         need, what = checkpoint_bytes(recipe), "for the trainer's weights and optimizer state (CPU mode: they live in host RAM)"
     elif recipe.actor.optimizer_cpu_offload:
-        from repro.cluster.memory_budget import optimizer_bytes
-
         need = optimizer_bytes_per_node(recipe)
         what = (f"on the busiest trainer node for its ranks' CPU-offloaded optimizer state "
                 f"({optimizer_bytes(recipe).holder}; `repro launch --dry-run` shows the budget)")
@@ -321,9 +245,7 @@ def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
 def check_device_memory(recipe: "Recipe", facts: Facts) -> CheckResult:
     """The busiest trainer rank's memory budget against this node's accelerator memory (the dry run's numbers)."""
     if cpu_mode(recipe):
-        return _skip("device_memory")
-    from repro.cluster.memory_budget import memory_budget
-
+        return skipped("device_memory")
     measured = facts.device_memory_bytes
     budget = memory_budget(recipe, device_bytes=measured)
     worst = budget.busiest
@@ -344,8 +266,6 @@ def shm_need_bytes(recipe: "Recipe", model_staged: bool) -> tuple[int, str]:
     if recipe.model.path.startswith("/dev/shm") and not model_staged:
         parts.append(("the BF16 model to stage", recipe.model.num_parameters * 2))
     if recipe.cluster.ray_address is None:
-        from repro.cluster.runtime import LOCAL_OBJECT_STORE_BYTES
-
         parts.append(("Ray's local object store", LOCAL_OBJECT_STORE_BYTES))
     return sum(n for _, n in parts), " + ".join(f"{label} {_gb(n)}" for label, n in parts)
 
@@ -369,21 +289,10 @@ def run_checks(recipe: "Recipe", facts: Facts) -> list[CheckResult]:
 def check_cluster(recipe: "Recipe", run_dir: str | os.PathLike | None = None,
                   start_local_ray: bool = False) -> list[CheckResult]:
     """Gather the facts on this machine / the recipe's Ray cluster and run every check."""
-    from repro.cluster.facts import gather_facts
-
     return run_checks(recipe, gather_facts(recipe, run_dir, start_local_ray=start_local_ray))
 
-
-# The version rows live in repro.cluster.readiness_versions (they read the recipe's cluster.versions).
-from repro.cluster.readiness_versions import (  # noqa: E402,F401
-    VERSION_CHECKS, check_lumenrl, check_megatron, check_platform, check_python, check_ray_version, check_torch,
-    check_transformers, check_vllm,
-)
 
 CHECKS: tuple[Check, ...] = (
     check_ray, check_gpu_count, check_nodes, check_accelerator, check_fp8_format, *VERSION_CHECKS,
     check_rdma, check_nccl_env, check_disk, check_device_memory, check_host_ram, check_shm,
 )
-
-# How results are shown and saved lives in repro.cluster.readiness_report; re-exported for `checks.summary_line` etc.
-from repro.cluster.readiness_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: E402,F401

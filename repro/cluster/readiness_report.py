@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.readiness import FAIL, PASS, SKIP, WARN, CheckResult, _kind, cpu_mode
+from repro.cluster.readiness_types import FAIL, PASS, SKIP, WARN, CheckResult, cpu_mode, kind_name
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -23,7 +23,7 @@ def summary_line(recipe: "Recipe", results: list[CheckResult]) -> str:
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     mode = ("CPU mode: the tiny recipe needs no accelerator, GPU checks are skipped"
             if cpu_mode(recipe) else
-            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {_kind(recipe.cluster.accelerator)} GPUs expected")
+            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {kind_name(recipe.cluster.accelerator)} GPUs expected")
     verdict = "NOT READY" if counts[FAIL] else "ready"
     return f"recipe {recipe.name} ({mode}): {verdict} — {tally}"
 

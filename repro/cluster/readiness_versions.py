@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from repro.cluster.pins import expected_versions, version_matches
-from repro.cluster.readiness import FAIL, PASS, SKIP, WARN, Check, CheckResult, Facts, _kind, _skip, cpu_mode
+from repro.cluster.readiness_types import FAIL, PASS, SKIP, WARN, Check, CheckResult, Facts, cpu_mode, kind_name, skipped
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -36,8 +36,8 @@ def check_torch(recipe: "Recipe", facts: Facts) -> CheckResult:
     build = "ROCm" if facts.versions.get("rocm_torch") else "CUDA" if facts.versions.get("cuda_torch") else "CPU"
     if not cpu_mode(recipe) and build.lower() != recipe.cluster.accelerator:
         return CheckResult("torch", FAIL, f"torch {have} is a {build} build, the recipe needs the "
-                                          f"{_kind(recipe.cluster.accelerator)} build",
-                           f"use the {_kind(recipe.cluster.accelerator)} image's torch {want or ''}".rstrip()
+                                          f"{kind_name(recipe.cluster.accelerator)} build",
+                           f"use the {kind_name(recipe.cluster.accelerator)} image's torch {want or ''}".rstrip()
                            + (" (AMD: vllm/vllm-openai-rocm:v0.25.1)" if recipe.cluster.accelerator == "rocm" else ""))
     if want and not version_matches(have, want):
         return CheckResult("torch", WARN, f"torch {have}, the recipe's cluster runs {want}",
@@ -48,7 +48,7 @@ def check_torch(recipe: "Recipe", facts: Facts) -> CheckResult:
 def check_platform(recipe: "Recipe", facts: Facts) -> CheckResult:
     """ROCm (the recipe's release) or CUDA (any) version, as the torch build and the system report it."""
     if cpu_mode(recipe):
-        return _skip("rocm" if recipe.cluster.accelerator == "rocm" else "platform")
+        return skipped("rocm" if recipe.cluster.accelerator == "rocm" else "platform")
     want = expected_versions(recipe)["rocm"]
     if recipe.cluster.accelerator == "cuda":
         cuda = facts.versions.get("cuda_torch")
@@ -75,7 +75,7 @@ def _check_package(name: str, key: str, needed_by, why_not: str, role: str) -> C
         want, have = expected_versions(recipe)[key], facts.versions.get(key)
         if have is None:
             return CheckResult(name, FAIL, f"{key} is not installed; {role} needs it",
-                               f"install {key}{' ' + want if want else ''} (the {_kind(recipe.cluster.accelerator)} "
+                               f"install {key}{' ' + want if want else ''} (the {kind_name(recipe.cluster.accelerator)} "
                                "build) on every node")
         if want and not version_matches(have, want):
             return CheckResult(name, WARN, f"{key} {have}, the recipe's cluster runs {want}",

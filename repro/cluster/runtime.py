@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from repro.cluster import ClusterError
+from repro.cluster.placement import plan_placement
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -110,8 +111,6 @@ def shutdown_ray() -> None:
 
 def local_num_cpus(recipe: "Recipe") -> int:
     """CPUs a local instance offers: exactly what the placement plan reserves, at least 1."""
-    from repro.cluster.placement import plan_placement
-
     needed = sum(b.get("CPU", 0) for g in plan_placement(recipe).groups for b in g.bundles)
     return max(1, math.ceil(needed))
 

@@ -6,6 +6,7 @@ writes the same rows as a list of {check, status, detail, fix}. Exit code 0 if n
 
 from __future__ import annotations
 
+from repro.cluster.readiness import check_cluster, failed, format_table, summary_line, write_json
 from repro.recipes import list_recipes, load_recipe
 
 
@@ -20,8 +21,6 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from repro.cluster.readiness import check_cluster, failed, format_table, summary_line, write_json
-
     recipe = load_recipe(args.recipe, args.overrides)
     results = check_cluster(recipe, args.run_dir, start_local_ray=args.start_ray)
     print(summary_line(recipe, results))

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from repro.fp8.convert import ConvertOptions, convert_checkpoint
+from repro.fp8.inputs import plan_table
 from repro.fp8.quant import FORMATS
 
 
@@ -35,9 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from repro.fp8.convert import ConvertOptions, convert_checkpoint
-    from repro.fp8.inputs import plan_table
 
     if args.list:
         import pandas as pd

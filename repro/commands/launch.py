@@ -16,6 +16,13 @@ from __future__ import annotations
 
 import argparse
 
+from repro.cluster import ClusterError, facts
+from repro.cluster.launch import (
+    LaunchError, dry_run, format_dry_run, format_memory_budget, launch_blockers, simulated_dry_run, unplaced_rows,
+)
+from repro.cluster.placement import plan_placement
+from repro.commands import run as run_command
+from repro.lumenrl.launch import LumenRLError, checkout_problems
 from repro.recipes import list_recipes, load_recipe
 
 DEFAULT_RECIPE = "amd-dsv4-flash-mi308x"
@@ -47,8 +54,6 @@ def _with_address(recipe):
     """'auto' joins $RAY_ADDRESS or the cluster `ray start` recorded, never a stray local ray.init() instance."""
     import ray
 
-    from repro.cluster import facts
-
     if ray.is_initialized():
         return recipe
     try:
@@ -59,11 +64,6 @@ def _with_address(recipe):
 
 
 def run(args) -> int:
-    from repro.cluster import ClusterError
-    from repro.cluster.launch import (LaunchError, dry_run, format_dry_run, launch_blockers, simulated_dry_run,
-                                      unplaced_rows)
-    from repro.cluster.placement import plan_placement
-
     recipe = load_recipe(args.recipe, list(args.overrides))
     if recipe.engine == "lumenrl":
         return launch_lumenrl(args)
@@ -92,7 +92,6 @@ def run(args) -> int:
             f"recipe {recipe.name} cannot be launched from here: {'; '.join(blockers)}. "
             "`repro launch --dry-run` still shows the placement and every worker's arguments"
         )
-    from repro.commands import run as run_command
 
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
                                   run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet,
@@ -107,14 +106,11 @@ def launch_lumenrl(args) -> int:
     entry point) to LumenRL."""
     from pathlib import Path
 
-    from repro.lumenrl.launch import LumenRLError, checkout_problems
-    from repro.lumenrl.run import describe_launch
+    from repro.lumenrl.run import describe_launch  # torch, pandas: not for `repro launch --help`
 
     recipe = load_recipe(args.recipe, list(args.overrides), steps=args.steps)
     run_dir = Path(args.run_dir or Path("runs") / recipe.name)
     if args.dry_run or args.simulate:
-        from repro.cluster.launch import format_memory_budget
-
         print(describe_launch(recipe, run_dir))
         print(format_memory_budget(recipe))
         return 0
@@ -122,7 +118,6 @@ def launch_lumenrl(args) -> int:
     if problems:
         raise LumenRLError(f"recipe {recipe.name} cannot start LumenRL from here: {'; '.join(problems)}. "
                            "`repro launch --dry-run` still shows the config it would write")
-    from repro.commands import run as run_command
 
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
                                   run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.notebooks import CHAIN
+from repro.notebooks import CHAIN, run_chain
 
 
 def add_arguments(parser):
@@ -33,8 +33,6 @@ def add_arguments(parser):
 
 def run(args) -> int:
     import shutil
-
-    from repro.notebooks import run_chain
 
     run_dir = Path(args.run_dir)
     if args.fresh and run_dir.exists():

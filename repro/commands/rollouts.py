@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from repro.errors import ReproError
 
 
 def add_arguments(parser):
@@ -22,7 +23,6 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from repro.errors import ReproError
     from repro.run.rollouts_file import read_rollouts, rollout_steps, rollouts_path
 
     path = rollouts_path(args.run_dir, args.step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.recipes import list_recipes, load_recipe
+from repro.run.progress import progress_bar
 
 
 def add_arguments(parser, default_steps: int | None = None):
@@ -25,8 +26,7 @@ def add_arguments(parser, default_steps: int | None = None):
 
 def execute(args) -> Path:
     """Open (or resume) the run, train, write the parquet copy; returns the run directory."""
-    from repro.run.progress import progress_bar
-    from repro.run.start import run_recipe
+    from repro.engines import run_recipe  # torch, transformers: not for `repro run --help`
     from repro.run.state import no_progress
 
     overrides = list(args.overrides)

@@ -1,7 +1,8 @@
 """`repro smoke`: 3 optimizer steps of a recipe, as AMD's post smoke-tests the setup before the long run."""
 
 from repro.commands import run as run_command
-from repro.run.start import SMOKE_STEPS
+from repro.recipes import load_recipe
+from repro.run.plan import SMOKE_STEPS
 
 
 def add_arguments(parser):
@@ -10,8 +11,6 @@ def add_arguments(parser):
 
 def run(args) -> int:
     if args.run_dir is None:
-        from repro.recipes import load_recipe
-
         args.run_dir = f"runs/{load_recipe(args.recipe).name}-smoke"
     run_command.execute(args)
     return 0

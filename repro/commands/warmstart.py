@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from repro.model.warmstart import WarmStartConfig
+from repro.model.warmstart_io import run_and_save
 
 DEFAULTS = WarmStartConfig()
 
@@ -35,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save is noise in a CLI log
-    from repro.model.warmstart_io import run_and_save
 
     config = WarmStartConfig(
         seed=args.seed, target_accuracy=args.target_accuracy, max_steps=args.max_steps, lr=args.lr,

@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from repro.errors import CheckpointError
+from repro.fp8.mxfp4 import PACKED_FP4
 from repro.fp8.quant import BLOCK_SIZE, FP8Format
-from repro.fp8.rules import SCALE_SUFFIXES, decide, pair_scales, release_scale_name, scale_name
+from repro.fp8.rules import SCALE_SUFFIXES, decide, decision_table, pair_scales, release_scale_name, scale_name
 from repro.fp8.safetensors_io import TensorInfo, read_header
-from repro.fp8.stream import FP4_ON_GFX942, PACKED_FP4, check_input_dtype, planned_outputs
+from repro.fp8.stream import FP4_ON_GFX942, check_input_dtype, planned_outputs
 from repro.model import layouts
 from repro.model.layouts import Part
 
@@ -201,8 +202,6 @@ def plan_table(src: str | Path):
     A high-precision checkpoint: what the converter would do (fp8 or keep). An already-quantised one, such as the
     official DeepSeek-V4 release: what each tensor is stored as (fp8, fp4, scale, keep)."""
     import pandas as pd
-
-    from repro.fp8.rules import decision_table
 
     src = Path(src)
     rows = []

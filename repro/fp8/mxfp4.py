@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+PACKED_FP4 = (torch.float4_e2m1fn_x2, torch.int8, torch.uint8)  # how a checkpoint may hold MXFP4 bytes
+
 MXFP4_BLOCK = 32
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_MAX_EXPONENT = 2  # 6 = 1.5 x 2^2

@@ -23,7 +23,7 @@ from repro.fp8.quant import (
     get_format,
     quantize_block_with_error,
 )
-from repro.fp8.mxfp4 import double_scale
+from repro.fp8.mxfp4 import PACKED_FP4, double_scale
 from repro.fp8.rules import Decision, decide, scale_name, scale_shape
 from repro.fp8.verify import TensorStats, check_stats, rel_error_bound
 
@@ -120,7 +120,6 @@ def quantize_tensors(
         yield scale_namer(name), s
 
 
-PACKED_FP4 = (torch.float4_e2m1fn_x2, torch.int8, torch.uint8)  # how a checkpoint may hold MXFP4 bytes
 FP4_ON_GFX942 = (
     "holds MXFP4 (e2m1) routed experts: MI300/MI308X (gfx942) has no FP4 compute, and vLLM's MXFP4 MoE kernels "
     "on ROCm target gfx950 (MI350). Serve FP8 there instead: convert the BF16 release "

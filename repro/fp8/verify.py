@@ -26,7 +26,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from repro.errors import CheckpointError
-from repro.fp8.quant import MANTISSA_BITS, FP8Format, get_format
+from repro.fp8.mxfp4 import PACKED_FP4, dequantize_mxfp4, e8m0_to_float
+from repro.fp8.quant import MANTISSA_BITS, FP8Format, dequantize_block, get_format
+from repro.fp8.rules import pair_scales
+from repro.fp8.safetensors_io import read_header
+from repro.model import layouts
 
 REL_ROUNDING_BOUND = 2.0 ** -(MANTISSA_BITS + 1)  # 2^-4 = 0.0625: half an ulp relative to the value
 _SLACK = 1 + 2**-20
@@ -186,11 +190,6 @@ def verify_checkpoint(reference_dir, fp8_dir, block_size: int = 128):
     """
     import pandas as pd
 
-    from repro.fp8.mxfp4 import dequantize_mxfp4, e8m0_to_float
-    from repro.fp8.quant import dequantize_block
-    from repro.fp8.rules import pair_scales
-    from repro.fp8.stream import PACKED_FP4
-
     ref, out = _locate(reference_dir), _locate(fp8_dir)
     scale_of = {w: sc for sc, w in pair_scales(_dtypes(fp8_dir, out)).items()}
     rows, seen = [], set()
@@ -225,8 +224,6 @@ def verify_checkpoint(reference_dir, fp8_dir, block_size: int = 128):
 
 
 def _dtypes(folder, where: dict) -> dict[str, torch.dtype]:
-    from repro.fp8.safetensors_io import read_header
-
     dtypes = {}
     for path in sorted(set(where.values())):
         dtypes.update({t.name: t.dtype for t in read_header(path)[0]})
@@ -236,8 +233,6 @@ def _dtypes(folder, where: dict) -> dict[str, torch.dtype]:
 def _reference_items(reference_dir, ref: dict, out: dict):
     """(output name, reference tensor): a DeepSeek-V4 in-memory-layout reference cut into release tensors when
     the output is in the release's names, any other reference under its own names."""
-    from repro.model import layouts
-
     cut = False
     if any(n.startswith("model.layers.") for n in ref) and any(n.startswith("layers.") for n in out):
         cut = layouts.detect_layout(ref, where=str(reference_dir)) == layouts.HF

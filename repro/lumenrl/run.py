@@ -1,6 +1,6 @@
 """A run whose engine is LumenRL: plan it (resume from LumenRL's checkpoints), write its config, start it, stream
-its log into metrics.jsonl, stop it. ``repro.run.start.plan_run`` / ``run_planned`` call these for
-``engine: lumenrl``, so ``repro run``, ``repro launch`` and notebooks 02/03 start it the one way.
+its log into metrics.jsonl, stop it. ``repro.engines`` calls these for ``engine: lumenrl``, so ``repro run``,
+``repro launch`` and notebooks 02/03 start it the one way.
 
 Resume: the newest LumenRL checkpoint (``global_step_N/``, see checkpoints.py) is the step the log is cut back to;
 LumenRL is started with ``checkpointing.resume: true`` and its next line is ``step=N+1``. A run that logged every
@@ -18,17 +18,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Literal
 
+from repro.analysis.lumenrl_origins import ORIGINS_FILE
+from repro.errors import ReproError
+from repro.lumenrl import config as lumenrl_config, launch
+from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpoints
+from repro.lumenrl.stream import MetricsStream
+from repro.lumenrl.tracking import wandb_env
+from repro.recipes import dump_recipe, require_paths
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
 from repro.run.metrics_log import MetricsLog
-from repro.run.start import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.sinks import check_sinks, open_sinks
 from repro.run.state import Progress, no_progress
-
-from repro.lumenrl import config as lumenrl_config
-from repro.lumenrl import launch
-from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpoints
-from repro.lumenrl.stream import ORIGINS_FILE, MetricsStream
-from repro.lumenrl.tracking import wandb_env
 
 LOG = Path("logs") / "lumenrl.log"
 WORK = Path("lumenrl")  # config.yaml, command.sh, process.json, finished.json, origins.json
@@ -47,7 +49,7 @@ def finished_step(run_dir: Path) -> int | None:
 
 def plan_lumenrl_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
                      fresh: bool = False) -> RunPlan:
-    """``repro.run.start.plan_run`` for LumenRL: the same decisions, on LumenRL's checkpoints. Reads only."""
+    """``repro.run.start.plan_repro_run`` for LumenRL: the same decisions, on LumenRL's checkpoints. Reads only."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
@@ -114,10 +116,6 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
 
     The checkpoints' disk space is not checked here (repro's own runs check it in the run directory): LumenRL's
     shards go to checkpoint_dir on the trainer nodes, which `repro check` (notebook 00) looks at."""
-    from repro.errors import ReproError
-    from repro.recipes import dump_recipe, require_paths
-    from repro.run.sinks import check_sinks, open_sinks
-
     problems = launch.checkout_problems(recipe)
     if problems:
         raise launch.LumenRLError("LumenRL cannot be started from here: " + "; ".join(problems))
@@ -151,10 +149,15 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
     return metrics, start_step
 
 
-def run_lumenrl(recipe: Recipe, plan: RunPlan, *, progress: Progress = no_progress,
+def run_lumenrl(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
                 say: Callable[[str], None] = print, grace_s: float = launch.STOP_GRACE_S) -> RunOutcome:
-    """``repro.run.start.run_planned`` for LumenRL: start it, stream its log until it exits, stop it whatever
+    """``repro.run.start.run_repro`` for LumenRL: start it, stream its log until it exits, stop it whatever
     happens here. Raises LumenRLError when it fails or stops before the recipe's last step."""
+    if in_process:
+        say("engine lumenrl: in_process does not apply (LumenRL runs as its own process on the Ray head)")
+    if recipe.checkpoint.max_restarts:
+        say("engine lumenrl: checkpoint.max_restarts does not apply (LumenRL stops when a worker dies; "
+            "rerun with --resume)")
     started = time.perf_counter()
     run_dir, work = plan.run_dir, plan.run_dir / WORK
     say(plan.describe())

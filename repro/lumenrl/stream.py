@@ -29,7 +29,6 @@ from repro.analysis.lumenrl_log import METRICS_START, parse_pairs
 from repro.metric_keys import ACCURACY, EVAL_SECONDS, KIND, SCORE, STEP
 from repro.run.metrics_log import MetricsLog
 
-ORIGINS_FILE = "origins.json"  # beside the config: our key -> LumenRL's, for the analysis' notes
 EVAL_TIMING_KEYS = (EVAL_SECONDS, *SYNONYMS[EVAL_SECONDS])  # LumenRL's validation time, on every step line
 
 
@@ -169,12 +168,3 @@ class MetricsStream:
             tmp = self.origins_path.with_name(f".{self.origins_path.name}.tmp")
             tmp.write_text(json.dumps(self.origins, indent=1, sort_keys=True))
             tmp.replace(self.origins_path)
-
-
-def streamed_about(run_dir: Path) -> dict:
-    """What the analysis should know of a run directory LumenRL's log was streamed into: which of our keys came from
-    which of LumenRL's, and that its step time includes validation (LumenRL times validation inside the step)."""
-    path = Path(run_dir) / "lumenrl" / ORIGINS_FILE
-    origins = json.loads(path.read_text()) if path.is_file() else {}
-    return {"origins": origins, "step_time_includes_eval": "timing_s/step" not in origins,
-            "notes": ["Streamed from LumenRL's console log (engine: lumenrl), keys renamed as for a LumenRL log"]}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.recipes.schema import Recipe
+from repro.run.sinks import wandb_run_id
 
 
 def logger_settings(recipe: Recipe) -> dict[str, Any]:
@@ -30,8 +31,6 @@ def logger_settings(recipe: Recipe) -> dict[str, Any]:
 
 def wandb_env(recipe: Recipe, run_dir: Path) -> dict[str, str]:
     """W&B's environment for LumenRL's logger (module docstring); empty when tracking.wandb is off."""
-    from repro.run.sinks import wandb_run_id
-
     wandb = recipe.tracking.wandb
     if not wandb.enabled:
         return {}

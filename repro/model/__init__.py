@@ -19,7 +19,7 @@ _EXPORTS = {
     "load_tiny_model": "repro.model.hf_folder",
     "load_tiny_tokenizer": "repro.model.hf_folder",
     "tiny_checkpoint_path": "repro.model.assets",
-    "ensure_warm_checkpoint": "repro.model.assets",
+    "ensure_warm_checkpoint": "repro.model.warmstart_io",
     "verify_hashes": "repro.model.assets",
     "RoutingRecorder": "repro.model.routing",
     "RoutingReplay": "repro.model.routing",

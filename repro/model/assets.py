@@ -33,7 +33,8 @@ class AssetError(ReproError):
 
 
 def tiny_checkpoint_path() -> Path:
-    """The shipped warm-started tiny checkpoint folder (may be missing: see ``ensure_warm_checkpoint``)."""
+    """The shipped warm-started tiny checkpoint folder (may be missing: see
+    ``repro.model.warmstart_io.ensure_warm_checkpoint``)."""
     return PACKAGE_DIR / "assets" / TINY_ASSET_NAME
 
 
@@ -92,16 +93,3 @@ def verify_hashes(folder: str | Path) -> None:
     problems += [f"{name}: sha256 differs" for name in recorded if name in actual and actual[name] != recorded[name]]
     if problems:
         raise AssetError(f"{folder} does not match {hash_file_for(folder)}: " + "; ".join(problems))
-
-
-def ensure_warm_checkpoint(log=print) -> Path:
-    """The shipped warm checkpoint folder, regenerating it (default seed, ~2-5 min on 2 cores) if missing."""
-    folder = tiny_checkpoint_path()
-    if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
-        return folder
-    from repro.model.warmstart import WarmStartConfig
-    from repro.model.warmstart_io import run_and_save
-
-    log(f"{folder} is missing: regenerating it ({REGENERATE_COMMAND})")
-    run_and_save(WarmStartConfig(), folder, command=REGENERATE_COMMAND, log=log)
-    return folder

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from repro.errors import CheckpointError
-from repro.model.tiny_release import staged_folder
+from repro.model.served import record, served_from_folder
+from repro.model.tiny_release import staged_folder, write_checkpoint
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_NEW_TOKENS = 12  # "Answer: 198" + EOS, the longest tiny-math response
@@ -31,8 +32,6 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
     names). Everything goes to a temp folder next to ``out_dir`` that is renamed into place, so a reader never
     sees a half-written checkpoint."""
     if getattr(model.config, "model_type", None) == "deepseek_v4":
-        from repro.model.tiny_release import write_checkpoint
-
         return write_checkpoint(model, tokenizer, out_dir, layout=layout, dtype=torch.float32,
                                 extra_files=extra_files, max_new_tokens=max_new_tokens)
     from transformers import GenerationConfig
@@ -71,8 +70,6 @@ def load_tiny_model(folder: str | Path, dtype: torch.dtype = torch.float32):
     """The model from a safetensors checkpoint folder, in eval mode (local files only, eager attention)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from repro.model.served import record, served_from_folder
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per worker per load is noise in a run's log
     path = check_safetensors_only(folder)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from repro.fp8.inputs import INDEX, shard_files
+from repro.fp8.safetensors_io import read_header
 from repro.model import layouts
 
 STATE_DICT = "state_dict"  # a non-DeepSeek-V4 model: the folder's names are the module's state-dict names
@@ -63,9 +65,6 @@ def served_from_headers(tensors: Mapping[str, TensorSpec], source: str, model_ty
 def served_from_folder(folder: str | Path) -> ServedWeights:
     """Read every shard header of ``folder`` (no tensor data) and its config's model type."""
     import json
-
-    from repro.fp8.inputs import INDEX, shard_files
-    from repro.fp8.safetensors_io import read_header
 
     folder = Path(folder)
     # transformers' loader reads the index's shards, or model.safetensors: a trainer state folder holds other

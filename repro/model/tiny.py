@@ -18,11 +18,9 @@ from __future__ import annotations
 import torch
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
-# Token ids shared with the tokenizer (repro/model/tokenizer.py): specials first, then TINY_ALPHABET in order.
-BOS_TOKEN_ID = 0
-EOS_TOKEN_ID = 1
-PAD_TOKEN_ID = 2
-TINY_VOCAB_SIZE = 25  # 3 specials + the 22 characters of TINY_ALPHABET
+# the token ids are the tokenizer's (specials first, then TINY_ALPHABET); re-exported for the model's users
+from repro.model.tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE  # noqa: F401
+
 
 # The documented tiny configuration. Keys are DeepseekV4Config fields.
 TINY_CONFIG: dict = {
@@ -101,30 +99,3 @@ def build_tiny_model(seed: int = 0, **overrides) -> DeepseekV4ForCausalLM:
 def parameter_count(model: torch.nn.Module) -> int:
     """Number of trainable parameters (buffers such as ``tid2eid`` are not counted)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def build_tiny_checkpoint(out_dir, seed: int = 0, max_shard_size: str | int = "1MB", layout: str = "deepseek",
-                          mtp_layers: int = 0):
-    """The seeded tiny DeepSeek-V4 as the release ships the BF16 model (its layout, names and dtypes, several
-    shards with an index) with its tokenizer: the default input of notebook 01 and of the FP8 tests. Several of
-    its projections are 64 wide, so the FP8 edge-block path (shapes that are not multiples of 128) is exercised
-    on real tensors. ``layout="hf"`` writes transformers' in-memory names instead."""
-    from transformers.utils import logging as hf_logging
-
-    from repro.model.tiny_release import write_checkpoint
-    from repro.model.tokenizer import build_tiny_tokenizer
-
-    hf_logging.disable_progress_bar()
-    return write_checkpoint(build_tiny_model(seed), build_tiny_tokenizer(), out_dir, layout=layout,
-                            dtype=torch.bfloat16, mtp_layers=mtp_layers, seed=seed,
-                            max_shard_bytes=shard_bytes(max_shard_size))
-
-
-def shard_bytes(size: str | int) -> int:
-    """"1MB" / "2MB" / "500KB" (powers of ten, as transformers' max_shard_size) or a byte count."""
-    if isinstance(size, int):
-        return size
-    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if size.upper().endswith(unit):
-            return int(float(size[: -len(unit)]) * factor)
-    return int(size)

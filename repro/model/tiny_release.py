@@ -28,6 +28,8 @@ from safetensors.torch import save_file
 from repro.errors import CheckpointError
 from repro.model import layouts
 from repro.model.release_config import release_config
+from repro.model.tiny import build_tiny_model
+from repro.model.tokenizer import build_tiny_tokenizer
 
 MTP_SEED_OFFSET = 104729  # the MTP layer's init stream is independent of the main model's
 
@@ -39,8 +41,6 @@ def mtp_layer(config, seed: int, index: int = 0) -> dict[str, torch.Tensor]:
     ``e_proj``/``h_proj`` with norms ``enorm``/``hnorm``, an output ``norm`` and an mHC head ``hc_head_*``
     (vLLM's ``amd/mtp.py`` names these). Its block is initialised like a layer of the main model.
     """
-    from repro.model.tiny import build_tiny_model
-
     block = build_tiny_model(seed + MTP_SEED_OFFSET + index, num_hidden_layers=1, layer_types=["sliding_attention"],
                              mlp_layer_types=["moe"], vocab_size=config.vocab_size)
     prefix = f"mtp.{index}."
@@ -179,3 +179,27 @@ def replace_dir(new: Path, final: Path) -> None:
     new.rename(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def build_tiny_checkpoint(out_dir, seed: int = 0, max_shard_size: str | int = "1MB", layout: str = "deepseek",
+                          mtp_layers: int = 0):
+    """The seeded tiny DeepSeek-V4 as the release ships the BF16 model (its layout, names and dtypes, several
+    shards with an index) with its tokenizer: the default input of notebook 01 and of the FP8 tests. Several of
+    its projections are 64 wide, so the FP8 edge-block path (shapes that are not multiples of 128) is exercised
+    on real tensors. ``layout="hf"`` writes transformers' in-memory names instead."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return write_checkpoint(build_tiny_model(seed), build_tiny_tokenizer(), out_dir, layout=layout,
+                            dtype=torch.bfloat16, mtp_layers=mtp_layers, seed=seed,
+                            max_shard_bytes=shard_bytes(max_shard_size))
+
+
+def shard_bytes(size: str | int) -> int:
+    """"1MB" / "2MB" / "500KB" (powers of ten, as transformers' max_shard_size) or a byte count."""
+    if isinstance(size, int):
+        return size
+    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if size.upper().endswith(unit):
+            return int(float(size[: -len(unit)]) * factor)
+    return int(size)

@@ -12,7 +12,12 @@ from tokenizers import Tokenizer, decoders, models, processors
 
 from repro.data.tinymath import TINY_ALPHABET
 from repro.errors import ReproError
-from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE
+
+# Token ids the tiny model is built with (repro/model/tiny.py): specials first, then TINY_ALPHABET in order.
+BOS_TOKEN_ID = 0
+EOS_TOKEN_ID = 1
+PAD_TOKEN_ID = 2
+TINY_VOCAB_SIZE = 25  # 3 specials + the 22 characters of TINY_ALPHABET
 
 SPECIAL_TOKENS = {"<bos>": BOS_TOKEN_ID, "<eos>": EOS_TOKEN_ID, "<pad>": PAD_TOKEN_ID}
 

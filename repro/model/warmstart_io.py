@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from repro.data.tinymath import held_out_problems
+from repro.data.tinymath import held_out_problems, train_problems
 from repro.data.tinymath_long import long_held_out_problems
-from repro.model.assets import record_hashes
+from repro.model.assets import REGENERATE_COMMAND, record_hashes, tiny_checkpoint_path
 from repro.model.hf_folder import save_checkpoint
 from repro.model.evaluate import ROLLOUT_TEMPERATURE, SAMPLES_PER_PROBLEM, sampled_accuracy
 from repro.model.tiny import parameter_count
@@ -60,3 +60,13 @@ def run_and_save(config: WarmStartConfig, out: str | Path, command: str, log=pri
     if record:
         log(f"hashes recorded in {record_hashes(folder)}")
     return provenance
+
+
+def ensure_warm_checkpoint(log=print) -> Path:
+    """The shipped warm checkpoint folder, regenerating it (default seed, ~2-5 min on 2 cores) if missing."""
+    folder = tiny_checkpoint_path()
+    if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
+        return folder
+    log(f"{folder} is missing: regenerating it ({REGENERATE_COMMAND})")
+    run_and_save(WarmStartConfig(), folder, command=REGENERATE_COMMAND, log=log)
+    return folder

@@ -17,17 +17,19 @@ the report to ``<run_dir>/comparison.md``, and last the report page ``<run_dir>/
 its notebooks fails naming where it looked (a wheel carries them as package data, ``repro/notebook_files/``, see
 setup.py); a failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
 
-Modules: ``execution`` (papermill, recorded results, the kernel), ``parameters`` (each notebook's first call:
-its parameters checked and its paths resolved), ``chain`` (the chain ``make repro`` runs).
+Modules: ``files`` (where the notebooks are, NotebookError), ``execution`` (papermill, recorded results, the
+kernel), ``parameters`` (each notebook's first call: its parameters checked and its paths resolved), ``chain`` (the
+chain ``make repro`` runs).
 """
 
 from repro.notebooks.chain import CHAIN, ChainResult, chain_parameters, ensure_model, run_chain
 from repro.notebooks.execution import (
-    NOTEBOOKS_DIR, RESULTS_SUFFIX, NotebookError, execute_notebook, load_results, notebook_parameters, notebook_path,
-    record_results, results_path, venv_kernel_name,
+    RESULTS_SUFFIX, execute_notebook, load_results, record_results, results_path, venv_kernel_name,
 )
+from repro.notebooks.files import NOTEBOOKS_DIR, NotebookError, notebook_path
 from repro.notebooks.parameters import (
-    check_parameters, declared_parameters, injected_parameter_names, is_path_parameter, notebook_setup,
+    check_parameters, declared_parameters, injected_parameter_names, is_path_parameter, notebook_parameters,
+    notebook_setup,
 )
 
 __all__ = [

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from repro.notebooks.execution import (
-    CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, execute_notebook, notebook_parameters,
-    notebook_path, venv_kernel_name,
-)
+from repro.cluster.runtime import end_recorded_processes, shared_local_instance
+from repro.notebooks.execution import execute_notebook, venv_kernel_name
+from repro.notebooks.files import CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, notebook_path
+from repro.notebooks.parameters import notebook_parameters
+from repro.run.plan import SMOKE_STEPS
 
 # The chain in waves: no notebook reads what another of its wave writes, so a wave's notebooks run side by side
 # (``parallel`` at a time); each wave starts when the one before has finished. The runs (02, 03) own the cores.
@@ -65,8 +66,7 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
     parameter is simply not passed it. Two notebooks see some values differently: the smoke run (02) writes to
     its own throwaway directory for 3 steps, and the FP8 notebook (01) writes under ``<run_dir>/fp8``.
     """
-    from repro.recipes import load_recipe
-    from repro.run.start import SMOKE_STEPS
+    from repro.recipes import load_recipe  # pydantic: not for `repro notebooks --help`
 
     pool = {"recipe": recipe, "run_dir": str(run_dir), "source": str(run_dir), "steps": steps or 0, "overrides": overrides,
             "in_process": in_process, "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}
@@ -145,7 +145,7 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
 def write_page(result: ChainResult, log: Callable[[str], None]) -> None:
     """The chain's last step: the run's report page, from its log and the notebooks just executed. A chain that
     left no run (``--only 00_cluster_check``) has nothing to report and says so."""
-    from repro.analysis.frame import METRICS_FILE
+    from repro.analysis.frame import METRICS_FILE  # pandas, matplotlib: only for the page at the chain's end
     from repro.report_page import REPORT_DIR, write_report_page
 
     if not (result.run_dir / METRICS_FILE).is_file():
@@ -168,7 +168,6 @@ def _present(name: str, result: ChainResult, log: Callable[[str], None]) -> bool
 def _share_one_ray_instance(stack: ExitStack, run_dir: Path, recipe: str, overrides: list[str],
                             log: Callable[[str], None]) -> None:
     """Start the local Ray instance the smoke and full runs join (and end what a killed chain left of one)."""
-    from repro.cluster.runtime import end_recorded_processes, shared_local_instance
     from repro.recipes import load_recipe
 
     record = run_dir / "logs" / "ray_processes.chain.json"
@@ -210,7 +209,7 @@ class _WaveRunner:
 def ensure_model(recipe: str, overrides: Iterable[str] = ()) -> str:
     """The warm-started tiny checkpoint the recipe runs from, regenerated if missing (`make repro`'s first step)."""
     from repro.recipes import load_recipe
-    from repro.run.run_dir import resolve_model_dir
+    from repro.run.run_dir import resolve_model_dir  # torch, transformers: the driver needs them only here
 
     return str(resolve_model_dir(load_recipe(recipe, list(overrides))))
 

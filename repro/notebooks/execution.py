@@ -11,19 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import repro
 from repro.errors import ReproError
+from repro.notebooks.files import NotebookError, notebook_path
+from repro.notebooks.parameters import check_parameters
+from repro.paths import project_root
 
-# Where the notebooks are: installed with the package (a wheel carries notebooks/ as repro/notebook_files/, see
-# setup.py), else the checkout's notebooks/ (a checkout or an editable install, where JupyterLab edits them).
-PACKAGED_NOTEBOOKS = repro.PACKAGE_DIR / "notebook_files"
-CHECKOUT_NOTEBOOKS = repro.REPO_DIR / "notebooks"
-NOTEBOOKS_DIR = PACKAGED_NOTEBOOKS if PACKAGED_NOTEBOOKS.is_dir() else CHECKOUT_NOTEBOOKS
 RESULTS_SUFFIX = ".results.json"
-
-
-class NotebookError(ReproError):
-    """A notebook is missing, failed in a cell, or did not record its results."""
 
 
 # --------------------------------------------------------------------------------------------- recording
@@ -88,10 +81,6 @@ def load_results(name: str, out_dir: str | Path) -> dict:
 # --------------------------------------------------------------------------------------------- execution
 
 
-def notebook_path(name: str) -> Path:
-    return NOTEBOOKS_DIR / f"{name}.ipynb"
-
-
 def venv_kernel_name() -> str:
     """The kernel name that starts this interpreter (the venv's python) under papermill.
 
@@ -127,16 +116,6 @@ def venv_kernel_name() -> str:
     )
 
 
-def notebook_parameters(name: str) -> dict:
-    """The notebook's ``parameters`` cell: {name: {default, help, ...}} (papermill's inspection)."""
-    import papermill as pm
-
-    path = notebook_path(name)
-    if not path.is_file():
-        raise NotebookError(f"notebook {name}: {path} not found")
-    return pm.inspect_notebook(str(path))
-
-
 def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = None, *,
                      results_dir: str | Path | None = None, kernel_name: str | None = None,
                      cwd: str | Path | None = None, log_output: bool = False) -> dict:
@@ -151,8 +130,7 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     from papermill.exceptions import PapermillExecutionError
     from traitlets.config import Config
 
-    from repro.notebooks.kernel import ReproKernelManager
-    from repro.paths import project_root
+    from repro.notebooks.kernel import ReproKernelManager  # imports jupyter_client: only to execute
 
     source = notebook_path(name)
     if not source.is_file():
@@ -160,8 +138,6 @@ def execute_notebook(name: str, out_dir: str | Path, parameters: dict | None = N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / f"{name}.ipynb"
-    from repro.notebooks.parameters import check_parameters
-
     check_parameters(name, (parameters or {}).keys())
     where = [out_dir] + ([Path(results_dir)] if results_dir else [])
     for folder in where:

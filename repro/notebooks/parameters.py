@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from repro.notebooks.execution import NotebookError, notebook_parameters
+from repro.notebooks.files import NotebookError, notebook_path
+from repro.paths import resolve_parameter
 
 # --------------------------------------------------------------------------------------------- parameters
 
 PATH_SUFFIXES = ("_dir", "_path", "_file")
 INJECTED_MARKER = "# Parameters"  # the first line of the cell papermill injects after the parameters cell
+
+
+def notebook_parameters(name: str) -> dict:
+    """The notebook's ``parameters`` cell: {name: {default, help, ...}} (papermill's inspection)."""
+    import papermill as pm
+
+    path = notebook_path(name)
+    if not path.is_file():
+        raise NotebookError(f"notebook {name}: {path} not found")
+    return pm.inspect_notebook(str(path))
 
 
 def declared_parameters(name: str) -> dict[str, Any]:
@@ -60,8 +71,6 @@ def notebook_setup(name: str, namespace: dict, *, quiet: bool = False):
     the paths it uses. Returns the parameters as attributes (an empty path parameter is None: derive it).
     """
     from types import SimpleNamespace
-
-    from repro.paths import resolve_parameter
 
     declared = declared_parameters(name)
     check_parameters(name, injected_parameter_names(namespace.get("In", [])), declared)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from repro.recipes.lumenrl_checks import lumenrl_problems
+
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
@@ -136,9 +138,7 @@ def engine_problems(recipe: "Recipe") -> list[str]:
     """What the chosen engine cannot run: LumenRL takes only what its config can express."""
     if recipe.engine != "lumenrl":
         return []
-    from repro.lumenrl.config import recipe_problems
-
-    return recipe_problems(recipe)
+    return lumenrl_problems(recipe)
 
 
 def check_consistency(recipe: "Recipe") -> None:

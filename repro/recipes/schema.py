@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from repro.recipes.consistency import check_consistency
 
 
 class Section(BaseModel):
@@ -256,7 +257,5 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        from repro.recipes.consistency import check_consistency
-
         check_consistency(self)
         return self

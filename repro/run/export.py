@@ -31,7 +31,12 @@ from pathlib import Path
 
 import torch
 
+from repro.analysis.frame import RECIPE_FILE, frames_from_rows, read_jsonl, read_recipe
+from repro.analysis.model_card import ExportFacts, model_card
 from repro.errors import CheckpointError
+from repro.model.streamed_export import plan_weights, write_weights
+from repro.model.tiny_release import config_json, staged_folder
+from repro.recipes import resolve_path
 from repro.run.checkpoints import COMPLETE_MARKER, STATE_FILE, Checkpoint, latest_checkpoint, list_checkpoints
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -98,8 +103,6 @@ def trainer_meta(trainer_dir: Path) -> dict:
 
 def model_folder(recipe, model_dir: str | Path | None) -> Path:
     """The run's model folder (``model.path``, or ``model_dir`` over it), which must hold the tokenizer."""
-    from repro.recipes import resolve_path
-
     folder = Path(model_dir) if model_dir is not None else resolve_path(recipe.model.path)
     where = "--model-dir" if model_dir is not None else f"the recipe's model.path ({recipe.model.path})"
     if not folder.is_dir():
@@ -111,8 +114,6 @@ def model_folder(recipe, model_dir: str | Path | None) -> Path:
 
 def _metrics_frames(run_dir: Path, checkpoint: Checkpoint, recipe):
     """The log up to the exported step: the copy the checkpoint holds, else the run's own cut at the step."""
-    from repro.analysis.frame import frames_from_rows, read_jsonl
-
     own = checkpoint.path / "metrics.jsonl"
     path = own if own.is_file() else run_dir / "metrics.jsonl"
     rows = [row for row in read_jsonl(path) if int(row.get("step", -1)) <= checkpoint.step]
@@ -124,11 +125,6 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                model_dir: str | Path | None = None) -> ExportResult:
     """Export checkpoint ``step`` (None: the newest) of ``run_dir`` to the new folder ``out`` (see the module doc)."""
     from transformers import AutoConfig
-
-    from repro.analysis.frame import RECIPE_FILE, read_recipe
-    from repro.analysis.model_card import ExportFacts, model_card
-    from repro.model.streamed_export import plan_weights, write_weights
-    from repro.model.tiny_release import config_json, staged_folder
 
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:

@@ -12,7 +12,7 @@ the rollout the embedded engine (the Megatron-core and vLLM backends implement t
 else -- batch shape, loss, correction, replay, sync, checkpoint cadence, metrics -- is the recipe's.
 
 Launch:  repro run --recipe tiny-cpu [--steps N] [--resume] [--run-dir DIR];  repro smoke  (3 steps);
-         the notebooks 02/03; all through repro.run.start.run_recipe
+         the notebooks 02/03; all through repro.engines.run_recipe
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import time
 from typing import Iterable
 
 from repro import metric_keys as K
+from repro.reference import amd_value
 
 
 def progress_bar(total_steps: int):
@@ -89,8 +90,7 @@ class LivePlot:
     def figure(self):
         from matplotlib.ticker import PercentFormatter
 
-        from repro.plots import AMD_COLOUR, RUN_COLOUR, _new_figure, styled
-        from repro.reference import amd_value
+        from repro.plots import AMD_COLOUR, RUN_COLOUR, _new_figure, styled  # matplotlib: the notebook's figure only
 
         with styled():
             fig, (ax_acc, ax_kl) = _new_figure(ncols=2)
@@ -113,7 +113,7 @@ class LivePlot:
     def _image(self):
         from IPython.display import Image
 
-        from repro.plots import styled
+        from repro.plots import styled  # matplotlib: the notebook's figure only
 
         buffer = io.BytesIO()
         with styled():

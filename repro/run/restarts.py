@@ -2,7 +2,7 @@
 
 Whatever fails inside step N -- a worker's call, a checkpoint or a log line that cannot be written -- leaves the
 loop as ``StepFailed``, naming the step and what failed (the worker and its call, or the file). The one entry
-point (``repro.run.start.run_planned``) then asks ``Restarts``: a worker that *died* (its process is gone or stopped
+point (``repro.run.start.run_repro``) then asks ``Restarts``: a worker that *died* (its process is gone or stopped
 answering) may be replaced, up to ``checkpoint.max_restarts`` times: both groups are ended, new ones started, the
 run resumes from the newest complete checkpoint and a ``restart`` row goes into metrics.jsonl. Anything else, a
 death once the restarts are used up, or the same worker dying in the same call at the same step as the fault

@@ -25,9 +25,9 @@ from repro.data.records import MathProblem
 from repro.errors import ReproError
 from repro.reward import RewardResult
 from repro.rollout.types import RolloutResult
+from repro.run.sinks import ROLLOUTS_DIR
 from repro.train.batch import TrainBatch
 
-ROLLOUTS_DIR = "rollouts"
 FIELDS = ("i", "group", "sample", "prompt", "response", "answer", "score", "acc", "advantage", "length", "finish",
           "rollout_logprob_sum", "trainer_logprob_sum", "k3_kl", "max_gap", "max_gap_position", "max_gap_token",
           "above_cap_share")

@@ -28,15 +28,19 @@ import yaml
 from repro.recipes.earlier import EARLIER_CONVENTIONS, fill_earlier_conventions
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
+from repro.cluster.memory_budget import checkpoint_bytes
 from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError
+from repro.model.hf_folder import load_tiny_tokenizer
+from repro.model.warmstart_io import ensure_warm_checkpoint
 from repro.run.metrics_log import MetricsLog
 from repro.run.rollouts_file import NoRollouts, RolloutsDir
 from repro.run.sinks import check_sinks, open_sinks
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.run.state import Run
+from repro.run.steps import sync_weights
 
 
 LOCK_FILE = "run.lock"
@@ -76,12 +80,6 @@ def clear_run_dir(run_dir: Path) -> None:
         if path.name == LOCK_FILE:
             continue
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
-def checkpoint_bytes(recipe: Recipe) -> int:
-    """Weights in the trainer dtype + fp32 master copy (bf16 only) + two fp32 Adam moments, per parameter."""
-    per_param = {"bf16": 2 + 4 + 8, "fp32": 4 + 8}[recipe.actor.dtype]
-    return recipe.model.num_parameters * per_param
 
 
 def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
@@ -138,8 +136,6 @@ def check_conventions_kept(recipe: Recipe, stored_path: Path) -> None:
 
 def resolve_model_dir(recipe: Recipe) -> Path:
     if recipe.model.path == "builtin:tiny-dsv4-warm":
-        from repro.model.assets import ensure_warm_checkpoint
-
         return ensure_warm_checkpoint()
     return require_paths(recipe, ("model.path",))["model.path"]
 
@@ -158,9 +154,6 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
     """The run over started groups: data loaded, and with ``resume`` the newest complete checkpoint restored
     (trainer state, sampler, driver RNG, the log as it stood) and its weights synced to the rollout; then the
     tracking sinks started on the log as it now stands (the caller closes them: ``run.metrics.close()``)."""
-    from repro.model.hf_folder import load_tiny_tokenizer
-    from repro.run.steps import sync_weights
-
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(recipe)
     tokenizer = load_tiny_tokenizer(model_dir)

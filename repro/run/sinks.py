@@ -31,6 +31,7 @@ from repro.errors import ReproError
 from repro.recipes.schema import Recipe, WandbTracking
 
 TENSORBOARD_DIR = "tensorboard"
+ROLLOUTS_DIR = "rollouts"  # each step's trajectories (repro.run.rollouts_file writes them)
 WANDB_DIR = "wandb"
 RUN_ID_FILE = "run_id"
 
@@ -58,8 +59,6 @@ def check_sinks(recipe: Recipe, run_dir: Path) -> None:
         _require("tracking.wandb.enabled", "wandb", "wandb")
         _writable("tracking.wandb.enabled", run_dir / WANDB_DIR)
     if tracking.rollouts and recipe.engine == "repro":  # LumenRL's trajectories stay in its processes
-        from repro.run.rollouts_file import ROLLOUTS_DIR
-
         _writable("tracking.rollouts", run_dir / ROLLOUTS_DIR)
 
 

@@ -1,6 +1,6 @@
-"""The one entry point to a run: recipe, run directory, groups, progress sink. ``repro run``, ``repro smoke``,
-``repro launch`` and the notebooks 02/03 all call ``run_recipe``. A recipe with ``engine: lumenrl`` is handed to
-``repro.lumenrl.run`` here (AMD's LumenRL runs the loop); everything below is the ``engine: repro`` path.
+"""repro's own engine (``engine: repro``): recipe, run directory, groups, progress sink. ``repro.engines`` runs a
+recipe through here or through ``repro.lumenrl.run``; ``repro run``, ``repro smoke``, ``repro launch`` and the
+notebooks 02/03 all go through ``repro.engines.run_recipe``.
 
 It checks what can fail before any worker starts (the run directory, the data and model paths, a run that is
 already finished), starts the two groups -- in this process, or as Ray actors placed by the recipe's plan --
@@ -18,63 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
+from repro.cluster.placement import create_placement_groups, format_placement_table, placement_table, plan_placement
+from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_local_processes, shutdown_ray
 from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.groups.workers import RolloutWorker, TrainerWorker
 from repro.recipes.schema import Recipe
-from repro.run.checkpoints import Checkpoint, incomplete_checkpoints, latest_checkpoint
+from repro.run.checkpoints import incomplete_checkpoints, latest_checkpoint
+from repro.run.loop import train
+from repro.run.metrics_log import MetricsLog
+from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.restarts import Restarts, StepFailed, at_step
+from repro.run.run_dir import check_inputs, clear_run_dir, open_run, run_dir_lock
 from repro.run.state import Progress, no_progress
 
-SMOKE_STEPS = 3  # AMD's smoke test: three optimizer steps before the long run
 
-
-@dataclass(frozen=True)
-class RunOutcome:
-    run_dir: Path
-    start_step: int       # the step the run resumed from (0: a fresh run)
-    end_step: int         # the last step in the log now
-    warmup_s: float       # starting the groups (workers built, weights loaded)
-    seconds: float        # the whole call
-    already_finished: bool = False
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """What a call will do with a run directory, decided once before anything starts."""
-
-    run_dir: Path
-    resume: bool
-    fresh: bool                  # delete run_dir first
-    checkpoint: Checkpoint | None  # the one a resume continues from (None: start from step 0)
-    finished: bool               # resuming a run whose newest checkpoint is already at the recipe's last step
-    kept_rows: list[dict]        # train rows of the log up to that checkpoint (a live plot's earlier points)
-    dropped_steps: list[int]     # train steps logged after that checkpoint: dropped, then recomputed
-    ignored: list[str] = field(default_factory=list)  # checkpoint folders a resume does not use, each with why
-
-    def describe(self) -> str:
-        if self.finished:
-            return f"{self.run_dir}: the run is finished (checkpoint step {self.checkpoint.step}); nothing to do"
-        if not self.resume:
-            return f"{self.run_dir}: a new run" + (" (the old one deleted first)" if self.fresh else "")
-        ignored = "".join(f"; not complete, so not used: {note}" for note in self.ignored)
-        if self.checkpoint is None:
-            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0{ignored}"
-        note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path}){ignored}"
-        if self.dropped_steps:
-            first, last = self.dropped_steps[0], self.dropped_steps[-1]
-            note += (f"; step {first} logged after it is dropped and recomputed" if first == last else
-                     f"; steps {first}-{last} logged after it are dropped and recomputed")
-        return note
-
-
-def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
-             fresh: bool = False) -> RunPlan:
+def plan_repro_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
+                   fresh: bool = False) -> RunPlan:
     """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
     does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
-    from repro.run.metrics_log import MetricsLog
-
-    if recipe.engine == "lumenrl":
-        from repro.lumenrl.run import plan_lumenrl_run
-
-        return plan_lumenrl_run(recipe, run_dir, resume, fresh)
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
@@ -90,37 +51,14 @@ def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"]
                    sorted({r["step"] for r in rows if r["step"] > checkpoint.step}), ignored)
 
 
-def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
-               resume: bool | Literal["auto"] = False, fresh: bool = False, progress: Progress = no_progress,
-               say: Callable[[str], None] = print) -> RunOutcome:
-    """Run (or resume) ``recipe`` in ``run_dir``; ``progress(step, row)`` is called after every step.
-
-    resume: True, False, or ``"auto"`` (resume when ``run_dir`` already holds a log). fresh: delete ``run_dir``
-    first (the smoke run is a throwaway check)."""
-    return run_planned(recipe, plan_run(recipe, run_dir, resume, fresh), in_process=in_process, progress=progress,
-                       say=say)
-
-
-def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
-                say: Callable[[str], None] = print) -> RunOutcome:
-    """``run_recipe`` for a plan already made (a notebook shows it first, e.g. to seed its live plot).
+def run_repro(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
+              say: Callable[[str], None] = print) -> RunOutcome:
+    """Run (or resume) ``recipe`` as ``plan`` says; ``progress(step, row)`` is called after every step.
 
     The run directory is locked for the call. When a worker dies and ``checkpoint.max_restarts`` allows, both
     groups are ended and started again and the run resumes from the newest complete checkpoint
     (``repro.run.restarts``); otherwise the failure is raised as ``RunStopped`` naming the step, the worker or
     file, and the checkpoint to resume from."""
-    if recipe.engine == "lumenrl":  # AMD's own engine: its process, its log streamed into ours (repro.lumenrl)
-        from repro.lumenrl.run import run_lumenrl
-
-        if in_process:
-            say("engine lumenrl: in_process does not apply (LumenRL runs as its own process on the Ray head)")
-        if recipe.checkpoint.max_restarts:
-            say("engine lumenrl: checkpoint.max_restarts does not apply (LumenRL stops when a worker dies; "
-                "rerun with --resume)")
-        return run_lumenrl(recipe, plan, progress=progress, say=say)
-    from repro.run.restarts import Restarts, StepFailed
-    from repro.run.run_dir import check_inputs, clear_run_dir, run_dir_lock
-
     started = time.perf_counter()
     run_dir = plan.run_dir
     say(plan.describe())
@@ -161,10 +99,6 @@ class Attempt:
 
     def run(self, resume: bool, warmup: float, progress: Progress, say: Callable[[str], None]) -> float:
         """Start, resume if asked, train to the end, write the parquet log; returns the warm-up seconds."""
-        from repro.run.loop import train
-        from repro.run.restarts import at_step
-        from repro.run.run_dir import open_run
-
         newest = latest_checkpoint(self.run_dir / "checkpoints") if resume else None
         with ExitStack() as stack:
             with at_step(newest.step if newest else 0):  # failing to start or resume: at the step it resumes from
@@ -190,8 +124,6 @@ class Attempt:
 
 def in_process_groups(recipe: Recipe, model_dir: Path) -> tuple[TrainerGroup, RolloutGroup]:
     """Trainer and rollout as plain objects in this process (tests, debugging, a notebook kernel)."""
-    from repro.groups.workers import RolloutWorker, TrainerWorker
-
     return TrainerWorker(recipe, model_dir), RolloutWorker(recipe, model_dir)
 
 
@@ -208,10 +140,7 @@ class RaySession:
     @contextmanager
     def groups(self, model_dir: Path) -> Iterator[tuple[TrainerGroup, RolloutGroup]]:
         """Both groups placed and started; on exit their actors are ended and the placement released."""
-        from repro.cluster.placement import (
-            create_placement_groups, format_placement_table, placement_table, plan_placement,
-        )
-        from repro.groups.ray_actors import stop_actors
+        from repro.groups.ray_actors import stop_actors  # ray (seconds to import): runs on Ray only
         from repro.groups.ray_groups import start_groups
 
         placement = create_placement_groups(plan_placement(self.recipe))
@@ -233,8 +162,6 @@ class RaySession:
         them) for the clean-up after a killed driver. Returns the workers by name."""
         import json
 
-        from repro.cluster.runtime import record_local_processes
-
         processes = trainer.processes() + rollout.processes()
         self.attempts.append(processes)
         path = self.run_dir / "logs" / "workers.json"
@@ -252,8 +179,7 @@ def ray_session(recipe: Recipe, run_dir: Path) -> Iterator[RaySession]:
     what a killed earlier run in ``run_dir`` left of its own is ended first, by recorded process id)."""
     import ray
 
-    from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_local_processes, shutdown_ray
-    from repro.groups.ray_groups import check_group_sizes
+    from repro.groups.ray_groups import check_group_sizes  # ray (seconds to import): runs on Ray only
 
     check_group_sizes(recipe)
     record = run_dir / "logs" / "ray_processes.json"
@@ -271,27 +197,6 @@ def ray_session(recipe: Recipe, run_dir: Path) -> Iterator[RaySession]:
         if started_local:
             shutdown_ray()
             record.unlink(missing_ok=True)
-
-
-@contextmanager
-def terminate_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit while the run is on, so the clean-up (placement, the local Ray instance) runs as
-    it does on Ctrl-C; Python's default SIGTERM ends the process without running any of it."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def resume_hint(run_dir: Path) -> str:

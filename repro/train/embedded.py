@@ -17,9 +17,11 @@ import torch
 
 from repro.algos import entropy_from_logits, logprobs_from_logits
 from repro.model import layouts
+from repro.model.hf_folder import load_tiny_model
 from repro.model.hyper_connection import use_entrywise_hyper_connections
 from repro.model.routing import RoutingReplay, topk_routers
 from repro.model.served import export_weights, served_weights
+from repro.recipes import resolve_path
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train import trainer_state as saved_state
 from repro.train.base import LogprobResult, TrainerError
@@ -75,8 +77,6 @@ class EmbeddedTrainer:
         seed: int = 0,
     ):
         if isinstance(model, (str, Path)):
-            from repro.model.hf_folder import load_tiny_model
-
             torch.manual_seed(seed)
             model = load_tiny_model(model)
         self.optim = optim or OptimConfig()
@@ -105,8 +105,6 @@ class EmbeddedTrainer:
     def from_recipe(cls, recipe: Recipe, model_dir: str | Path | None = None, **overrides) -> "EmbeddedTrainer":
         """The trainer a recipe describes; ``model_dir`` defaults to ``recipe.model.path`` (``builtin:`` resolved)."""
         if model_dir is None:
-            from repro.recipes import resolve_path
-
             model_dir = resolve_path(recipe.model.path)
         settings = {**recipe_settings(recipe), "update_threads": recipe.actor.cpu_update_threads}
         return cls(model_dir, **{**settings, **overrides})

@@ -99,7 +99,7 @@ def small_run(lane_dir):
     import torch
 
     from repro.recipes import load_recipe
-    from repro.run.start import run_recipe
+    from repro.engines import run_recipe
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model's ops are too small for a second OpenMP thread on 2 busy cores

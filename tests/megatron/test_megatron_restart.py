@@ -20,7 +20,7 @@ from run_faults_support import log_rows, numbers, wait_gone  # noqa: E402
 
 from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe  # noqa: E402
 from repro.recipes import load_recipe  # noqa: E402
-from repro.run.start import run_recipe  # noqa: E402
+from repro.engines import run_recipe  # noqa: E402
 
 STEPS = 3
 RANK1 = "trainer worker 1 (rank 1)"

@@ -1,0 +1,113 @@
+"""The package's own import graph, read from the source with ``ast`` (nothing imported): no import cycles, and the
+two engines side by side -- repro's own (run/, recipes/) imports nothing of LumenRL's (lumenrl/).
+
+Every import counts, inside a function too (an import hidden in a function still closes a cycle when it runs);
+only ``if TYPE_CHECKING:`` blocks, which never run, are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import repro
+
+PACKAGE = Path(repro.__file__).resolve().parent
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("repro",) + path.relative_to(PACKAGE).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imported(module: str, node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> list[str]:
+    """The package's modules ``node`` imports: ``from a import b`` is module a.b when that is one, else a."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = module.split(".") if modules[module].name == "__init__.py" else module.split(".")[:-1]
+            base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+    found = []
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.append(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        never_run = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                     and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+        graph[module] = {target for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                         and id(node) not in never_run for target in _imported(module, node, modules)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_that():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_package_has_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 100 and "repro.engines" in graph["repro.commands.run"]  # the graph is the real one
+    assert cycles(graph) == []
+
+
+def test_our_engine_and_the_recipes_import_nothing_of_lumenrl():
+    graph = import_graph()
+    ours = [m for m in graph if m.startswith(("repro.run", "repro.recipes"))]
+    assert len(ours) > 10
+    assert {m: sorted(t for t in graph[m] if t.startswith("repro.lumenrl")) for m in ours
+            if any(t.startswith("repro.lumenrl") for t in graph[m])} == {}
+    # the one place that knows both: the engine table
+    assert {"repro.run.start", "repro.lumenrl.run"} <= graph["repro.engines"]
