@@ -67,6 +67,12 @@ def installed(tmp_path_factory):
          env=pip_env, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_AUTH_MODE="disabled")
+    # the borrowed nbconvert's templates (the report page's) live under this venv's prefix, where a real install's own
+    # prefix would hold them; only they are lent, through JUPYTER_PATH (this venv's kernel specs are not)
+    lent = root / "jupyter-data"
+    lent.mkdir()
+    (lent / "nbconvert").symlink_to(Path(sys.prefix) / "share" / "jupyter" / "nbconvert")
+    env["JUPYTER_PATH"] = str(lent)
     imported = _run([str(python), "-c", "import repro; print(repro.__file__)"], env=env, cwd=root).stdout.strip()
     assert Path(imported) == site / "repro" / "__init__.py"
     return python, site, env
