@@ -98,6 +98,16 @@ def _backward(model) -> None:
     forward_logits(model, tokens).float().logsumexp(-1).mean().backward()
 
 
+def _with_gradients():
+    """(stand-in note, model, optimizer) on the one-rank world, seeded, with one backward's gradients in place."""
+    note = _te_version_stand_in()
+    _world()
+    model, opt = _model_and_optimizer(seed=3)
+    opt.zero_grad()
+    _backward(model)
+    return note, model, opt
+
+
 def check_distributed_optimizer_step() -> tuple[str, str]:
     why = _unavailable()
     if why:
@@ -105,11 +115,7 @@ def check_distributed_optimizer_step() -> tuple[str, str]:
     try:
         import torch
 
-        note = _te_version_stand_in()
-        _world()
-        model, opt = _model_and_optimizer(seed=3)
-        opt.zero_grad()
-        _backward(model)
+        note, model, opt = _with_gradients()
         names = [n for n, _ in model.named_parameters()]
         params = [p for _, p in model.named_parameters()]
         masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
@@ -166,11 +172,7 @@ def check_dist_checkpoint() -> tuple[str, str]:
 
         from repro.train.megatron.dist_state import load_state, read_meta, rng_states, save_state
 
-        note = _te_version_stand_in()
-        _world()
-        model, opt = _model_and_optimizer(seed=3)
-        opt.zero_grad()
-        _backward(model)
+        note, model, opt = _with_gradients()
         opt.step(LR)
         saved = SimpleNamespace(model=model, opt=opt, step=1, updates=1, dtype_name="bf16")
         rng = {k: v.clone() for k, v in rng_states().items()}
