@@ -189,12 +189,12 @@ def test_missing_incomplete_and_existing_are_refused_by_name(run_dir, tmp_path, 
         export_run(broken, tmp_path / "a")
     state = broken / "checkpoints" / "step_000003" / "trainer" / "trainer_state.json"
     state.write_text(json.dumps({**json.loads(state.read_text()), "backend": "megatron"}))
-    with pytest.raises(CheckpointError, match=r"Megatron trainer state \(1 rank folder\(s\)\).*embedded trainer's"):
+    with pytest.raises(CheckpointError, match=r"Megatron trainer state \(megatron-core dist_checkpointing.*\).*embedded trainer's"):
         export_run(broken, tmp_path / "a")
     for rank in (0, 1):  # a Megatron world of two: one state folder per rank, nothing at the top
         (broken / "checkpoints" / "step_000003" / "trainer" / f"rank-{rank:05d}").mkdir()
     state.unlink()
-    with pytest.raises(CheckpointError, match=r"Megatron trainer state \(2 rank folder\(s\)\)"):
+    with pytest.raises(CheckpointError, match=r"Megatron trainer state \(the old per-rank format, 2 rank folder\(s\)"):
         export_run(broken, tmp_path / "a")
     assert not (tmp_path / "a").exists()
     taken = tmp_path / "taken"

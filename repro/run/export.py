@@ -11,14 +11,14 @@ so an export that fails or is killed leaves nothing under the output name; an ou
 What is exported: the checkpoints of repro's own loop (``checkpoints/step_NNNNNN/trainer``) written by the
 embedded trainer. Two kinds are refused, each naming why:
 
-  Megatron trainer state  one folder per rank (``rank-NNNNN``) of local shards. Joining them needs what the files
-                          do not record: each tensor's tensor-parallel partition dim and gated-fc1 split, the
-                          stage's global layer numbers and the EP rank's expert offset (megatron-core's live model
-                          holds these; ``repro.train.megatron.stream_weights`` gathers with them over process
-                          groups), the fp32 masters spread over data-parallel ranks by ZeRO-1, and served names from
-                          a DeepSeek-V4 model provider's ``export_names`` (the CPU lane's Megatron model is a tiny
-                          GPT-MoE, which has no release layout). Rebuilding the world to gather would put every
-                          rank's shard in host memory at once: the whole model, which this export never holds.
+  Megatron trainer state  today's format (``repro.train.megatron.dist_state``: ``trainer_state.json`` of backend
+                          "megatron" and megatron-core's ``dist/``) holds every tensor as a shard of its global
+                          tensor, but under megatron's own parameter keys (fused QKV, gated fc1, local expert
+                          numbers); mapping those to the release's names is a DeepSeek-V4 model provider's
+                          ``export_names``, met only in the live model (``repro.train.megatron.stream_weights``),
+                          and the CPU lane's Megatron model is a tiny GPT-MoE, which has no release layout.
+                          The older format (one ``rank-NNNNN`` folder of local shards per rank) also lacks each
+                          tensor's partition dim, the stages' layer numbers and the EP expert offsets.
   LumenRL runs            (``engine: lumenrl``) LumenRL writes its own Megatron checkpoints; they are not read here.
 """
 
@@ -87,12 +87,12 @@ def trainer_meta(trainer_dir: Path) -> dict:
         raise CheckpointError(f"{state}: not valid JSON ({err})") from None
     backend = meta.get("backend", "embedded")
     if ranks or backend == "megatron":
+        kind = (f"the old per-rank format, {len(ranks)} rank folder(s) of local shards" if ranks else
+                "megatron-core dist_checkpointing under megatron's parameter keys")
         raise CheckpointError(
-            f"{trainer_dir}: Megatron trainer state ({len(ranks) or 1} rank folder(s)); repro export reads the "
-            "embedded trainer's checkpoints only. These files lack each tensor's TP partition dim, the stages' "
-            "global layer numbers and the EP expert offsets (megatron-core's live model holds them), their fp32 "
-            "masters are split by ZeRO-1, and the tiny Megatron model has no DeepSeek-V4 release layout: see "
-            "repro/run/export.py")
+            f"{trainer_dir}: Megatron trainer state ({kind}); repro export reads the embedded trainer's checkpoints "
+            "only. Mapping megatron's keys to the release's names needs the live model's DeepSeek-V4 provider, and "
+            "the tiny Megatron model has no release layout: see repro/run/export.py")
     missing = [name for name in TRAINER_FILES if not (trainer_dir / name).is_file()]
     if missing:
         raise CheckpointError(f"{trainer_dir}: incomplete trainer state, no {', '.join(missing)}")
