@@ -62,27 +62,31 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def build(cc: str | None = None, directory: Path | None = None) -> Path:
-    """Compile the kernel (once per source, flags, compiler and CPU) and return the shared library's path.
-    Raises RuntimeError naming the compiler and its message when it fails."""
+def build(cc: str | None = None, directory: Path | None = None, source: Path = SOURCE) -> Path:
+    """Compile ``source`` (a C file of ``kernels/``; once per source, the folder's headers, flags, compiler and
+    CPU) and return the shared library's path. Raises RuntimeError naming the compiler and its message when it
+    fails."""
     cc = cc or _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, _cpu_flags()]).encode()).hexdigest()[:16]
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, *FLAGS, version, _cpu_flags()]).encode()
+                         ).hexdigest()[:16]
     directory = directory or cache_dir()
-    target = directory / f"quantize_bf16-{key}.so"
+    target = directory / f"{source.stem}-{key}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:  # built aside, renamed whole: no half-written library
         out = Path(tmp) / target.name
         for flags in (FLAGS, [f for f in FLAGS if f != "-march=native"]):  # some compilers lack -march=native
-            proc = subprocess.run([cc, *flags, "-o", str(out), str(SOURCE), "-lm"], capture_output=True, text=True)
+            proc = subprocess.run([cc, *flags, f"-I{source.parent}", "-o", str(out), str(source), "-lm"],
+                                  capture_output=True, text=True)
             if proc.returncode == 0:
                 break
         else:
-            raise RuntimeError(f"{cc} could not build {SOURCE}: {proc.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"{cc} could not build {source}: {proc.stderr.strip()[-2000:]}")
         os.replace(out, target)
     return target
 

@@ -13,6 +13,10 @@ and 4 on the shapes the trainer and the engine use), so the forward is bit-ident
 differentiates the same formula with cheaper ops: bit-identical gradients too for N = 2 (the tiny model; a sum
 is one addition), within 1-2 ulps for N = 4 (autograd adds a 4-term sum's gradients in another order). For
 N > 4 torch's reduction order differs and the library's own forward is kept.
+
+Without autograd (the rollout, the trainer's no-grad scoring) the whole loop is one compiled call
+(``repro.fp8.forward_ops.sinkhorn``: the same additions and divisions per entry, so the same bits) instead of
+~1,250 ops per hyper-connection at N = 4.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection
+
+from repro.fp8 import forward_ops
 
 MAX_ENTRYWISE_STREAMS = 4  # up to here torch's sum over the dimension adds left to right (tested)
 
@@ -52,6 +58,10 @@ def sinkhorn_entrywise(comb: torch.Tensor, iters: int, eps: float) -> torch.Tens
     n = comb.shape[-1]
     if comb.shape[-2] != n:
         raise ValueError(f"sinkhorn_entrywise: comb must be [..., N, N], got shape {tuple(comb.shape)}")
+    if not (torch.is_grad_enabled() and comb.requires_grad):
+        fused = forward_ops.sinkhorn(comb, iters, eps)
+        if fused is not None:
+            return fused
     entries = [[row[..., j].contiguous() for j in range(n)] for row in comb.unbind(-2)]
     entries = _normalise(entries, by_rows=False, eps=eps)
     for _ in range(iters - 1):

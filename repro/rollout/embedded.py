@@ -31,6 +31,7 @@ from transformers import DynamicCache
 
 from repro.errors import ReproError
 from repro.model import layouts
+from repro.model.hyper_connection import use_entrywise_hyper_connections
 from repro.model.served import ServedWeights, check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
 from repro.rollout.decode_cache import RoutingTable, branch, select_rows
@@ -75,6 +76,8 @@ class EmbeddedEngine:
         self.model = copy.deepcopy(model).eval()
         # DeepSeek-V4's one shared K=V head read in place rather than copied to every query head (same math)
         use_shared_kv_attention(self.model)
+        # the hyper-connections' Sinkhorn loop as one compiled call without autograd (same bits, ~1,250 fewer ops)
+        use_entrywise_hyper_connections(self.model)
         # vLLM's serving numerics beyond the weights (W8A8, BF16 activations, FP8 KV cache): hooks on this copy
         self.numerics = numerics or RolloutNumerics()
         self.numerics.install(self.model)

@@ -28,6 +28,10 @@ three ways, each emulated here by a pure tensor function and switched by its own
 
 The engine's generation loop is unchanged: ``RolloutNumerics.install`` adds the hooks to the engine's own copy of
 the model once, and ``wrap_cache`` wraps each new ``DynamicCache``.
+
+Each function below runs as one compiled call on contiguous fp32 CPU tensors (``repro.fp8.forward_ops``, same
+bits; the ~10-15 torch ops each costs otherwise were ~860 ops per decode forward) and as the torch ops written
+here otherwise, which remain the reference the tests compare the kernel with.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from repro.fp8 import forward_ops
 from repro.fp8.quant import get_format
 from repro.fp8.rules import decide
 
@@ -82,12 +87,20 @@ def dequantize_per_token_group(q: torch.Tensor, scale: torch.Tensor, dtype=torch
 
 def fake_quant_activation(x: torch.Tensor, group: int = 128, fmt: str = "e4m3fn") -> torch.Tensor:
     """x [..., K] -> the value an FP8 GEMM sees for it, dequantised back to x's dtype (same shape)."""
+    name = get_format(fmt).name
+    fused = forward_ops.fake_quant(x, min(group, x.shape[-1]), ACTIVATION_FP8_MAX[name], eps=ACTIVATION_EPS,
+                                   fnuz=name == "e4m3fnuz")
+    if fused is not None:
+        return fused
     q, scale = quantize_per_token_group(x, group, fmt)
     return dequantize_per_token_group(q, scale, x.dtype)
 
 
 def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """x rounded to BF16 (nearest even) and returned in its own dtype: what a BF16 tensor holds of it."""
+    fused = forward_ops.bf16_round(x)
+    if fused is not None:
+        return fused
     return x.to(torch.bfloat16).to(x.dtype)
 
 
@@ -97,6 +110,9 @@ def ue8m0_fp8_round_trip(x: torch.Tensor, block: int = KV_BLOCK) -> torch.Tensor
     Per block: the BF16-rounded values, scale = 2**ceil(log2(max(amax, 1e-4) / 448)), q = e4m3fn(x / scale); the
     result is q * scale. A row narrower than ``block`` is one block.
     """
+    fused = forward_ops.kv_round_trip(x, 0, min(block, x.shape[-1]), KV_AMAX_FLOOR, KV_FP8_MAX)
+    if fused is not None:
+        return fused
     grouped, _ = _groups(round_to_bf16(x.float()), block, "ue8m0_fp8_round_trip")
     exponent = torch.ceil(torch.log2(grouped.abs().amax(dim=-1, keepdim=True).clamp_min(KV_AMAX_FLOOR) / KV_FP8_MAX))
     inverse, scale = torch.exp2(-exponent), torch.exp2(exponent)
@@ -117,6 +133,11 @@ def kv_cache_round_trip(kv: torch.Tensor, rope_dim: int, block: int = KV_BLOCK) 
     The leading D - rope_dim (NoPE) channels go through ``ue8m0_fp8_round_trip`` (blocks of 64), the trailing
     ``rope_dim`` (RoPE) channels are kept in BF16. Shape and dtype are kept.
     """
+    nope_width = kv.shape[-1] - rope_dim
+    if nope_width > 0:
+        fused = forward_ops.kv_round_trip(kv, rope_dim, min(block, nope_width), KV_AMAX_FLOOR, KV_FP8_MAX)
+        if fused is not None:
+            return fused
     nope, rope = kv[..., : kv.shape[-1] - rope_dim], kv[..., kv.shape[-1] - rope_dim :]
     return torch.cat([ue8m0_fp8_round_trip(nope, block), round_to_bf16(rope)], dim=-1)
 
