@@ -247,8 +247,11 @@ def _wait_until_dead(actor, timeout_s: float = 60.0) -> None:
     raise AssertionError(f"the actor still answers {timeout_s:g} s after ray.kill")
 
 
-def test_cpu_workers_sleep_their_idle_threads_only_when_they_have_several():
+def test_cpu_workers_sleep_their_idle_threads_only_when_they_have_several(monkeypatch):
     from repro.groups.ray_groups import cpu_worker_env
+    from repro.train import threads
 
-    assert cpu_worker_env(1) == {"OMP_NUM_THREADS": "1"}
-    assert cpu_worker_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    assert cpu_worker_env(1) == {"OMP_NUM_THREADS": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8192"}
+    assert cpu_worker_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE",
+                                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8192"}

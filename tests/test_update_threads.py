@@ -12,7 +12,8 @@ import torch
 from repro.model.tiny import build_tiny_model
 from repro.recipes.schema import OptimConfig
 from repro.train.embedded import EmbeddedTrainer
-from repro.train.threads import ThreadedReplicas, balanced_shares
+from repro.train import threads
+from repro.train.threads import ThreadedReplicas, balanced_shares, use_worker_threads, worker_thread_env
 from test_trainer_contract import assert_same_gradients, make_batch, one_thread, with_old_logprobs  # noqa: F401
 
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.0)
@@ -76,3 +77,26 @@ def test_an_error_in_any_thread_is_raised_after_every_thread_has_finished():
     assert finished.is_set()
     with pytest.raises(ValueError, match="3 job lists for 2 threads"):
         replicas.run([[], [], []])
+
+
+def test_worker_threads_are_capped_by_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 1)
+    assert worker_thread_env(4) == {"OMP_NUM_THREADS": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8192"}
+    monkeypatch.setattr(threads, "usable_cores", lambda: 3)
+    assert worker_thread_env(4)["OMP_NUM_THREADS"] == "3"
+
+
+def test_in_process_runs_take_the_workers_thread_settings(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "100")  # the user's choice wins where it is set
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # (registered, so the test leaves the environment as it was)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        assert use_worker_threads(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE",
+                                         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "100"}
+        assert torch.get_num_threads() == 2
+        use_worker_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -43,6 +43,18 @@ JOIN_PROBE_TIMEOUT_S = 5.0
 # A local instance a parent process (the notebook chain) started for its children to share: a recipe with
 # ``cluster.ray_address: null`` joins it instead of starting another (18-30 s each on 2 cores).
 SHARED_INSTANCE_ENV = "REPRO_SHARED_RAY_ADDRESS"
+# A local instance runs only what a run uses (benchmarks/ray_idle.py; Ray 2.60 on the tiny recipe, idle: 9 processes,
+# 571 MiB USS before, 5 and ~285 MiB after): no idle workers prestarted per CPU (the two actors start their own),
+# no task events or timeline sent to the GCS (nothing reads them: no dashboard), no metrics collection; and,
+# where Ray's node API is as expected, neither the autoscaler's monitor (a fixed local node has nothing to scale)
+# nor the log monitor (log_to_driver is off: workers' logs stay in their files).
+LOCAL_SYSTEM_CONFIG = {
+    "enable_worker_prestart": False,
+    "prestart_worker_first_driver": False,
+    "task_events_report_interval_ms": 0,
+    "enable_timeline": False,
+    "enable_metrics_collection": False,
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class RayInfo:
 
 
 _current: RayInfo | None = None
+_local_node = None  # the ray._private.node.Node _start_local started itself (shutdown_ray kills its processes)
 
 
 def ensure_ray(recipe: "Recipe") -> RayInfo:
@@ -101,11 +114,14 @@ def shared_local_instance(recipe: "Recipe", record: Path | None = None) -> Itera
 
 def shutdown_ray() -> None:
     """Disconnect (and stop the local instance if we started it); safe to call when not connected."""
-    global _current
+    global _current, _local_node
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    if _local_node is not None:
+        _local_node.kill_all_processes(check_alive=False, allow_graceful=True)
+        _local_node = None
     _current = None
 
 
@@ -123,18 +139,19 @@ def _start_local(recipe: "Recipe") -> None:
     cpu_mode = recipe.cluster.gpus_per_node == 0
     for attempt in (1, 2):
         before = {p["pid"] for p in local_ray_processes()}
+        # CPU mode offers exactly the plan's CPUs and no GPUs; a GPU recipe on one local box lets Ray detect them.
+        resources = {"num_cpus": local_num_cpus(recipe) if cpu_mode else None, "num_gpus": 0 if cpu_mode else None,
+                     "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
         try:
-            ray.init(
-                address="local",  # a new instance even if another one on this machine would be auto-detected
-                # CPU mode offers exactly the plan's CPUs (Ray pre-starts a worker per CPU: more only costs RAM)
-                # and no GPUs; a GPU recipe on one local box lets Ray detect what it has.
-                num_cpus=local_num_cpus(recipe) if cpu_mode else None,
-                num_gpus=0 if cpu_mode else None,
-                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                include_dashboard=False,
-                log_to_driver=False,
-                namespace="repro",
-            )
+            if not _start_small_node(resources):
+                ray.init(
+                    address="local",  # a new instance even if another one on this machine would be auto-detected
+                    **resources,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    namespace="repro",
+                    _system_config=LOCAL_SYSTEM_CONFIG,
+                )
             return
         except Exception as err:  # Ray raises many types here; the user needs the one line
             # a start that timed out leaves its raylet's agents running: end what this attempt started
@@ -142,6 +159,36 @@ def _start_local(recipe: "Recipe") -> None:
             # Ray gives its raylet a fixed 30 s to register; on a loaded machine one more try usually does it
             if attempt == 2 or "timed out during startup" not in str(err):
                 raise ClusterError(f"cluster.ray_address: null: could not start a local Ray instance: {err}") from err
+
+
+def _start_small_node(resources: dict) -> bool:
+    """Start a head node without the autoscaler's monitor and the log monitor and connect to it, as ``ray.init``
+    starts its own but with those two switched off (``ray.init`` has no argument for them); False, having started
+    nothing, where this Ray's private node API is not the one this was written against (then ``ray.init``)."""
+    global _local_node
+    import ray
+
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            enable_token_auth_by_default, ensure_token_if_auth_enabled,
+        )
+        from ray._private.node import Node
+        from ray._private.parameter import RayParams
+
+        params = RayParams(**resources, include_dashboard=False, include_log_monitor=False, no_monitor=True,
+                           _system_config=dict(LOCAL_SYSTEM_CONFIG))
+    except (ImportError, TypeError):
+        return False
+    enable_token_auth_by_default()
+    ensure_token_if_auth_enabled(params._system_config, create_token_if_missing=True)
+    node = Node(params, head=True, shutdown_at_exit=True, spawn_reaper=True)
+    try:
+        ray.init(address=node.address, log_to_driver=False, namespace="repro", logging_level="warning")
+    except BaseException:
+        node.kill_all_processes(check_alive=False, allow_graceful=True)
+        raise
+    _local_node = node
+    return True
 
 
 def _join(address: str) -> None:

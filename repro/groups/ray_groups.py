@@ -31,6 +31,7 @@ from repro.sync import SyncStats
 from repro.sync_group import SyncAddress
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
+from repro.train.threads import worker_thread_env
 
 
 @dataclass
@@ -176,13 +177,8 @@ def start_groups(placement: Placement, recipe: Recipe, model_dir: Path) -> tuple
 
 
 def cpu_worker_env(threads: int) -> dict[str, str]:
-    """A CPU worker's OpenMP settings. The workers take turns (rollout, then trainer, then sync), so each may
-    use every core while its phase runs; OpenMP's idle threads spin by default, though, which would steal the
-    cores from the other worker's phase, so with more than one thread they are told to sleep instead."""
-    env = {"OMP_NUM_THREADS": str(threads)}
-    if threads > 1:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
-    return env
+    """A CPU worker's thread settings (``repro.train.threads.worker_thread_env``)."""
+    return worker_thread_env(threads)
 
 
 def check_group_sizes(recipe: Recipe) -> None:

@@ -30,6 +30,7 @@ from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.restarts import Restarts, StepFailed, at_step
 from repro.run.run_dir import check_inputs, clear_run_dir, open_run, run_dir_lock
 from repro.run.state import Progress, no_progress
+from repro.train.threads import use_worker_threads
 
 
 def plan_repro_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
@@ -123,7 +124,10 @@ class Attempt:
 
 
 def in_process_groups(recipe: Recipe, model_dir: Path) -> tuple[TrainerGroup, RolloutGroup]:
-    """Trainer and rollout as plain objects in this process (tests, debugging, a notebook kernel)."""
+    """Trainer and rollout as plain objects in this process (tests, debugging, a notebook kernel), computing with
+    the thread settings a Ray worker gets (torch's default, every core, is slower here and rounds differently)."""
+    if recipe.cluster.gpus_per_node == 0:
+        use_worker_threads(recipe.cluster.cpu_threads_per_worker)
     return TrainerWorker(recipe, model_dir), RolloutWorker(recipe, model_dir)
 
 

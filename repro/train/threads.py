@@ -20,12 +20,50 @@ once more).
 from __future__ import annotations
 
 import copy
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import torch
 
 Job = Callable[[torch.nn.Module], None]
+
+# oneDNN keeps the BF16 GEMM primitives it has built in a cache of 1,024 by default; the update creates ~460 new
+# ones a step (its micro-batches' and experts' row counts change), so the default holds less than three steps'.
+# 8,192 holds the shapes the tiny recipe's updates meet (benchmarks/step_limit.py prints the count); a primitive
+# is a few KiB of code and descriptors.
+ONEDNN_PRIMITIVE_CACHE = 8192
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which a container or taskset narrows), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity call
+        return os.cpu_count() or 1
+
+
+def worker_thread_env(threads: int) -> dict[str, str]:
+    """A CPU worker's thread settings: ``threads`` intra-op threads (at most the cores it may use). The workers
+    take turns (rollout, then trainer, then sync), so each may use every core while its phase runs; OpenMP's
+    idle threads spin by default, though, which would steal the cores from the other worker's phase, so with more
+    than one thread they are told to sleep instead. And oneDNN's primitive cache sized for the update's shapes."""
+    threads = max(1, min(threads, usable_cores()))
+    env = {"OMP_NUM_THREADS": str(threads), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(ONEDNN_PRIMITIVE_CACHE)}
+    if threads > 1:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
+def use_worker_threads(threads: int) -> dict[str, str]:
+    """This process set up as a CPU worker (``worker_thread_env``): for ``--in-process`` runs, so that they compute
+    with the threads the Ray workers use: torch's intra-op threads are set now, the rest of the environment where
+    the user has not set it (oneDNN reads it at its first use); returns the settings in force."""
+    env = worker_thread_env(threads)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    return {**{key: os.environ[key] for key in env}, "OMP_NUM_THREADS": env["OMP_NUM_THREADS"]}
 
 
 def balanced_shares(rows: torch.Tensor, widths: torch.Tensor, parts: int) -> list[torch.Tensor]:
