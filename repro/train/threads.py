@@ -28,12 +28,6 @@ import torch
 
 Job = Callable[[torch.nn.Module], None]
 
-# oneDNN keeps the BF16 GEMM primitives it has built in a cache of 1,024 by default; the update creates ~460 new
-# ones a step (its micro-batches' and experts' row counts change), so the default holds less than three steps'.
-# 8,192 holds the shapes the tiny recipe's updates meet (benchmarks/step_limit.py prints the count); a primitive
-# is a few KiB of code and descriptors.
-ONEDNN_PRIMITIVE_CACHE = 8192
-
 
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask, which a container or taskset narrows), not the machine's."""
@@ -47,9 +41,14 @@ def worker_thread_env(threads: int) -> dict[str, str]:
     """A CPU worker's thread settings: ``threads`` intra-op threads (at most the cores it may use). The workers
     take turns (rollout, then trainer, then sync), so each may use every core while its phase runs; OpenMP's
     idle threads spin by default, though, which would steal the cores from the other worker's phase, so with more
-    than one thread they are told to sleep instead. And oneDNN's primitive cache sized for the update's shapes."""
+    than one thread they are told to sleep instead.
+
+    oneDNN's primitive cache is left at its default (1,024): the update creates ~400-470 BF16 matmul primitives a
+    step (new micro-batch and expert row counts), and a larger cache would hit more often (295 instead of 405 new
+    at the sixth step with 16,384) but each cached primitive held ~0.5 MiB here (3,000 shapes: RSS +916 MiB at
+    1,024, +1,932 MiB at 8,192), so a cache that holds a run's shapes would cost gigabytes."""
     threads = max(1, min(threads, usable_cores()))
-    env = {"OMP_NUM_THREADS": str(threads), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(ONEDNN_PRIMITIVE_CACHE)}
+    env = {"OMP_NUM_THREADS": str(threads)}
     if threads > 1:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
@@ -58,7 +57,7 @@ def worker_thread_env(threads: int) -> dict[str, str]:
 def use_worker_threads(threads: int) -> dict[str, str]:
     """This process set up as a CPU worker (``worker_thread_env``): for ``--in-process`` runs, so that they compute
     with the threads the Ray workers use: torch's intra-op threads are set now, the rest of the environment where
-    the user has not set it (oneDNN reads it at its first use); returns the settings in force."""
+    the user has not set it; returns the settings in force."""
     env = worker_thread_env(threads)
     for key, value in env.items():
         os.environ.setdefault(key, value)
