@@ -116,7 +116,26 @@ def test_sinkhorn_matches_the_entrywise_ops(monkeypatch, n):
         assert _same_bits(fast, _torch_ops(monkeypatch, sinkhorn_entrywise, comb, 20, 1e-6))
         assert _same_bits(sinkhorn_entrywise(comb, 1, 1e-6), _torch_ops(monkeypatch, sinkhorn_entrywise, comb, 1, 1e-6))
     leaf = comb.clone().requires_grad_()
-    assert forward_ops.sinkhorn(leaf, 20, 1e-6) is None  # autograd: the entrywise ops record the backward
+    assert forward_ops.sinkhorn(leaf, 20, 1e-6) is None  # autograd: the no-grad kernel declines
+
+
+@pytest.mark.parametrize("n,shape", [(2, (3, 17)), (4, (3, 17)), (4, (64, 18)), (4, (1, 1))])
+def test_sinkhorn_backward_is_autograds_of_the_entrywise_ops(monkeypatch, n, shape):
+    g = torch.Generator().manual_seed(n)
+    logits, upstream = torch.randn(*shape, n, n, generator=g) * 3, torch.randn(*shape, n, n, generator=g)
+    upstream[0, 0, 0, 0] = 0.0  # a zero gradient: autograd's ends as +0
+
+    def run(fast: bool):
+        x = logits.clone().requires_grad_()
+        comb = torch.softmax(x, dim=-1) + 1e-6
+        comb.retain_grad()
+        out = (forward_ops.sinkhorn_with_grad(comb, 20, 1e-6) if fast
+               else _torch_ops(monkeypatch, sinkhorn_entrywise, comb, 20, 1e-6))
+        (out * upstream).sum().backward()
+        return out.detach(), comb.grad, x.grad
+
+    for a, b in zip(run(True), run(False)):
+        assert _same_bits(a, b)
 
 
 def test_tiny_model_generates_the_same_bits_with_the_kernels(monkeypatch):
@@ -134,3 +153,32 @@ def test_tiny_model_generates_the_same_bits_with_the_kernels(monkeypatch):
     assert [t.response_ids for t in fast.trajectories] == [t.response_ids for t in slow.trajectories]
     for a, b in zip(fast.trajectories, slow.trajectories):
         assert _same_bits(a.logprobs, b.logprobs)
+
+
+def test_tiny_model_training_gradients_are_the_same_bits_with_the_kernels(monkeypatch):
+    """Real tensors under autograd: the trainer's model (entrywise hyper-connections), BF16 as the trainer runs it,
+    one forward and backward with the Sinkhorn kernel and with the entrywise ops."""
+    from repro.model.hyper_connection import use_entrywise_hyper_connections
+
+    model = build_tiny_model(0).to(torch.bfloat16)
+    for module in model.modules():  # the release keeps hyper-connections in FP32, as the trainer does
+        if isinstance(module, DeepseekV4HyperConnection):
+            module.float()
+    assert use_entrywise_hyper_connections(model) > 0
+    ids = torch.randint(3, 20, (4, 11), generator=torch.Generator().manual_seed(0))
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids).logits.float()
+        torch.log_softmax(logits, dim=-1)[..., 5].sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    calls = []
+    original = forward_ops._Sinkhorn.backward
+    monkeypatch.setattr(forward_ops._Sinkhorn, "backward", staticmethod(lambda ctx, g: calls.append(1) or original(ctx, g)))
+    fast, slow = grads(), _torch_ops(monkeypatch, grads)
+    assert len(calls) == 2 * 4  # the kernel's backward ran: two hyper-connections in each of the 4 layers
+    assert fast.keys() == slow.keys() and any("hc" in name or "hyper" in name for name in fast)
+    for name in fast:
+        assert torch.equal(fast[name].view(torch.int16 if fast[name].dtype == torch.bfloat16 else torch.int32),
+                           slow[name].view(torch.int16 if slow[name].dtype == torch.bfloat16 else torch.int32)), name

@@ -46,6 +46,10 @@ def library():
                     lib.repro_kv_round_trip_f32.restype = cint
                     lib.repro_sinkhorn_f32.argtypes = [ptr, i64, i64, i64, f32]
                     lib.repro_sinkhorn_f32.restype = None
+                    lib.repro_sinkhorn_save_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32]
+                    lib.repro_sinkhorn_save_f32.restype = None
+                    lib.repro_sinkhorn_backward_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
+                    lib.repro_sinkhorn_backward_f32.restype = None
                     _library = lib
                 except (OSError, RuntimeError) as err:
                     warnings.warn(f"rollout numerics and Sinkhorn: using torch ops (slower): {err}", stacklevel=3)
@@ -101,3 +105,39 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor | None:
     n = comb.shape[-1]
     lib.repro_sinkhorn_f32(out.data_ptr(), out.numel() // (n * n), n, iters, eps)
     return out
+
+
+class _Sinkhorn(torch.autograd.Function):
+    """The loop as one call each way; the backward is autograd's of the entrywise ops, op for op (see the C)."""
+
+    @staticmethod
+    def forward(ctx, comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+        n = comb.shape[-1]
+        count, steps = comb.numel() // (n * n), 2 * iters - 1
+        states = torch.empty(count, steps + 1, n, n)
+        totals = torch.empty(count, steps, n)
+        library().repro_sinkhorn_save_f32(comb.data_ptr(), states.data_ptr(), totals.data_ptr(), count, n, iters, eps)
+        ctx.save_for_backward(states, totals)
+        ctx.iters = iters
+        return states[:, -1].reshape(comb.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        states, totals = ctx.saved_tensors
+        n = states.shape[-1]
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        library().repro_sinkhorn_backward_f32(states.data_ptr(), totals.data_ptr(), grad.data_ptr(), out.data_ptr(),
+                                              states.shape[0], n, ctx.iters)
+        return out, None, None
+
+
+def sinkhorn_with_grad(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor | None:
+    """``hyper_connection.sinkhorn_entrywise`` of comb [..., N, N] (N <= 4) under autograd, forward and backward one
+    call each, or None: see the module."""
+    lib = library()
+    if (lib is None or comb.dtype != torch.float32 or comb.device.type != "cpu" or not comb.is_contiguous()
+            or comb.dim() < 2 or comb.shape[-1] != comb.shape[-2] or not 1 <= comb.shape[-1] <= 4 or iters < 1
+            or comb.numel() == 0):
+        return None
+    return _Sinkhorn.apply(comb, iters, eps)

@@ -14,9 +14,9 @@ differentiates the same formula with cheaper ops: bit-identical gradients too fo
 is one addition), within 1-2 ulps for N = 4 (autograd adds a 4-term sum's gradients in another order). For
 N > 4 torch's reduction order differs and the library's own forward is kept.
 
-Without autograd (the rollout, the trainer's no-grad scoring) the whole loop is one compiled call
-(``repro.fp8.forward_ops.sinkhorn``: the same additions and divisions per entry, so the same bits) instead of
-~1,250 ops per hyper-connection at N = 4.
+The whole loop is one compiled call (``repro.fp8.forward_ops``: the same additions and divisions per entry, so
+the same bits) instead of ~1,250 ops per hyper-connection at N = 4; under autograd its backward is one call too,
+autograd's own backward of these ops written out in the same order (same bits, tests/test_forward_ops.py).
 """
 
 from __future__ import annotations
@@ -58,10 +58,12 @@ def sinkhorn_entrywise(comb: torch.Tensor, iters: int, eps: float) -> torch.Tens
     n = comb.shape[-1]
     if comb.shape[-2] != n:
         raise ValueError(f"sinkhorn_entrywise: comb must be [..., N, N], got shape {tuple(comb.shape)}")
-    if not (torch.is_grad_enabled() and comb.requires_grad):
+    if torch.is_grad_enabled() and comb.requires_grad:
+        fused = forward_ops.sinkhorn_with_grad(comb, iters, eps)
+    else:
         fused = forward_ops.sinkhorn(comb, iters, eps)
-        if fused is not None:
-            return fused
+    if fused is not None:
+        return fused
     entries = [[row[..., j].contiguous() for j in range(n)] for row in comb.unbind(-2)]
     entries = _normalise(entries, by_rows=False, eps=eps)
     for _ in range(iters - 1):

@@ -128,3 +128,62 @@ void repro_sinkhorn_f32(float *comb, int64_t count, int64_t n, int64_t iters, fl
         }
     }
 }
+
+/* The same loop with autograd's backward: forward as repro_sinkhorn_f32, keeping every step's matrix in
+ * states [count, steps + 1, n, n] and its line totals in totals [count, steps, n] (steps = 2 iters - 1). */
+void repro_sinkhorn_save_f32(const float *comb, float *states, float *totals, int64_t count, int64_t n,
+                             int64_t iters, float eps) {
+    const int64_t steps = 2 * iters - 1, nn = n * n;
+    for (int64_t p = 0; p < count; p++) {
+        float *s = states + p * (steps + 1) * nn, *t = totals + p * steps * n;
+        memcpy(s, comb + p * nn, (size_t)nn * sizeof(float));
+        for (int64_t it = 0; it < steps; it++) {
+            const float *m = s + it * nn;
+            float *o = s + (it + 1) * nn;
+            const int by_rows = it % 2 == 1;
+            for (int64_t a = 0; a < n; a++) {
+                const int64_t step = by_rows ? 1 : n, first = by_rows ? a * n : a;
+                float total = m[first];
+                for (int64_t b = 1; b < n; b++) total = total + m[first + b * step];
+                total = total + eps;
+                t[it * n + a] = total;
+                for (int64_t b = 0; b < n; b++) o[first + b * step] = m[first + b * step] / total;
+            }
+        }
+    }
+}
+
+/* Autograd's backward of the entrywise loop, op for op: each division out = x / total gives x the gradient
+ * g / total and total -g * ((x / total) / total); a line's total adds its n such terms in the order autograd's
+ * engine runs the divisions (the last created first), and passes the sum unchanged down the chain of additions to
+ * every x of the line, where it meets the x's own term (two terms: either order). The gradient of comb ends as
+ * autograd's select-backward leaves it: each value plus zeros, so -0 becomes +0. gout, gin: [count, n, n]. */
+void repro_sinkhorn_backward_f32(const float *states, const float *totals, const float *gout, float *gin,
+                                 int64_t count, int64_t n, int64_t iters) {
+    const int64_t steps = 2 * iters - 1, nn = n * n;
+    float g[16], next[16];
+    for (int64_t p = 0; p < count; p++) {
+        const float *s = states + p * (steps + 1) * nn, *t = totals + p * steps * n;
+        memcpy(g, gout + p * nn, (size_t)nn * sizeof(float));
+        for (int64_t it = steps - 1; it >= 0; it--) {
+            const float *x = s + it * nn;
+            const int by_rows = it % 2 == 1;
+            for (int64_t a = 0; a < n; a++) {
+                const int64_t step = by_rows ? 1 : n, first = by_rows ? a * n : a;
+                const float total = t[it * n + a];
+                float gt = 0.0f;
+                for (int64_t b = n - 1; b >= 0; b--) {
+                    const int64_t i = first + b * step;
+                    const float c = (-g[i]) * ((x[i] / total) / total);
+                    gt = b == n - 1 ? c : gt + c;
+                }
+                for (int64_t b = 0; b < n; b++) {
+                    const int64_t i = first + b * step;
+                    next[i] = g[i] / total + gt;
+                }
+            }
+            memcpy(g, next, (size_t)nn * sizeof(float));
+        }
+        for (int64_t i = 0; i < nn; i++) gin[p * nn + i] = g[i] + 0.0f;
+    }
+}
