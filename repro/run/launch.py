@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from repro.cluster import ClusterError
-from repro.cluster.memory_budget import format_budget, memory_budget
 from repro.cluster.placement import (
     ROLLOUT, TRAINER, PlacementPlan, PlacementRow, create_placement_groups, placement_table, plan_placement,
 )
 from repro.cluster.runtime import ensure_ray, shutdown_ray
+from repro.readiness.memory_budget import format_budget, memory_budget
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 # What the workers import besides this package (the cluster image must have them; `make test-megatron` and
 # `make test-vllm` build CPU environments with the pinned versions).
 CLUSTER_BACKENDS = {
-    "megatron": ("megatron.core", "megatron-core, the Megatron trainer backend's library (pin: repro/cluster/pins.py)"),
-    "vllm": ("vllm", "vLLM, the rollout engine's library (pin: repro/cluster/pins.py)"),
+    "megatron": ("megatron.core", "megatron-core, the Megatron trainer backend's library (pin: repro/readiness/pins.py)"),
+    "vllm": ("vllm", "vLLM, the rollout engine's library (pin: repro/readiness/pins.py)"),
 }
 MASTER_PORT = 29500
 
@@ -216,7 +216,7 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
 
 
 def format_memory_budget(recipe: "Recipe") -> str:
-    """Each trainer rank's memory against the recipe's device and host capacities (repro.cluster.memory_budget)."""
+    """Each trainer rank's memory against the recipe's device and host capacities (repro.readiness.memory_budget)."""
     return format_budget(recipe, memory_budget(recipe))
 
 
