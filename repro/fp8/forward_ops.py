@@ -21,7 +21,8 @@ import torch
 from repro.fp8 import fused
 
 SOURCE = fused.SOURCE.with_name("forward_ops.c")
-DISABLE_ENV = "REPRO_TORCH_FORWARD_OPS"  # set to 1: always the torch ops (A/B checks, debugging)
+DISABLE_ENV = "REPRO_TORCH_FORWARD_OPS"
+CHUNK = 256  # positions the Sinkhorn kernel lays out entry-major at a time (CHUNK in the C source)  # set to 1: always the torch ops (A/B checks, debugging)
 
 _lock = threading.Lock()
 _library = None  # the loaded library, False once building failed
@@ -44,9 +45,9 @@ def library():
                     lib.repro_bf16_round_f32.restype = cint
                     lib.repro_kv_round_trip_f32.argtypes = [ptr, ptr, i64, i64, i64, i64, f32, f32]
                     lib.repro_kv_round_trip_f32.restype = cint
-                    lib.repro_sinkhorn_f32.argtypes = [ptr, i64, i64, i64, f32]
+                    lib.repro_sinkhorn_f32.argtypes = [ptr, ptr, i64, i64, i64, f32]
                     lib.repro_sinkhorn_f32.restype = None
-                    lib.repro_sinkhorn_save_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32]
+                    lib.repro_sinkhorn_save_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32]
                     lib.repro_sinkhorn_save_f32.restype = None
                     lib.repro_sinkhorn_backward_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
                     lib.repro_sinkhorn_backward_f32.restype = None
@@ -99,11 +100,12 @@ def kv_round_trip(x: torch.Tensor, rope: int, block: int, amax_floor: float, fp8
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor | None:
     """``hyper_connection.sinkhorn_entrywise`` of comb [..., N, N] (no autograd), or None: see the module."""
     lib = library()
-    if lib is None or not _fits(comb) or comb.dim() < 2 or comb.shape[-1] != comb.shape[-2] or iters < 1:
+    if (lib is None or not _fits(comb) or comb.dim() < 2 or comb.shape[-1] != comb.shape[-2]
+            or not 1 <= comb.shape[-1] <= 4 or iters < 1):
         return None
-    out = comb.clone()
+    out = torch.empty_like(comb)
     n = comb.shape[-1]
-    lib.repro_sinkhorn_f32(out.data_ptr(), out.numel() // (n * n), n, iters, eps)
+    lib.repro_sinkhorn_f32(comb.data_ptr(), out.data_ptr(), out.numel() // (n * n), n, iters, eps)
     return out
 
 
@@ -114,21 +116,23 @@ class _Sinkhorn(torch.autograd.Function):
     def forward(ctx, comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
         n = comb.shape[-1]
         count, steps = comb.numel() // (n * n), 2 * iters - 1
-        states = torch.empty(count, steps + 1, n, n)
-        totals = torch.empty(count, steps, n)
-        library().repro_sinkhorn_save_f32(comb.data_ptr(), states.data_ptr(), totals.data_ptr(), count, n, iters, eps)
+        chunks = -(-count // CHUNK)
+        states = torch.empty(chunks, steps + 1, 16, CHUNK)  # the C's layout: entry-major per chunk of positions
+        totals = torch.empty(chunks, steps, 4, CHUNK)
+        out = torch.empty_like(comb)
+        library().repro_sinkhorn_save_f32(comb.data_ptr(), out.data_ptr(), states.data_ptr(), totals.data_ptr(),
+                                          count, n, iters, eps)
         ctx.save_for_backward(states, totals)
-        ctx.iters = iters
-        return states[:, -1].reshape(comb.shape)
+        ctx.iters, ctx.count, ctx.n = iters, count, n
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         states, totals = ctx.saved_tensors
-        n = states.shape[-1]
         grad = grad.contiguous()
         out = torch.empty_like(grad)
         library().repro_sinkhorn_backward_f32(states.data_ptr(), totals.data_ptr(), grad.data_ptr(), out.data_ptr(),
-                                              states.shape[0], n, ctx.iters)
+                                              ctx.count, ctx.n, ctx.iters)
         return out, None, None
 
 

@@ -17,15 +17,11 @@ static inline float bf16_round(float v) {
     return float_of(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
 }
 
-/* One e4m3 byte (fn: bias 7, S.1111.111 NaN; fnuz: bias 8, 0x80 NaN) as fp32, exactly. */
-static inline float fp8_value(uint32_t b, int fnuz) {
-    const uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
-    float v;
-    if (fnuz && b == 0x80u) return NAN;
-    if (!fnuz && (b & 0x7Fu) == 0x7Fu) return NAN;
-    if (e == 0) v = ldexpf((float)m, fnuz ? -10 : -9);
-    else v = ldexpf((float)(8u + m), (int)e - (fnuz ? 8 : 7) - 3);
-    return (b & 0x80u) ? -v : v;
+/* One e4m3 byte that is not NaN (the callers clamp below it) as fp32, exactly: its magnitude bits << 20 read as
+ * fp32 are the value times 2^-120 (fn, bias 7) or 2^-119 (fnuz, bias 8), subnormals included. */
+static inline __attribute__((always_inline)) float fp8_value(uint32_t b, int fnuz) {
+    const float v = float_of((b & 0x7Fu) << 20) * (fnuz ? 0x1p119f : 0x1p120f);
+    return float_of(bits_of(v) | ((b & 0x80u) << 24));
 }
 
 /* numerics.fake_quant_activation on fp32 rows: x [rows, width] -> out, groups of g channels, per group
@@ -35,18 +31,23 @@ int repro_fake_quant_f32(const float *x, float *out, int64_t rows, int64_t width
                          float eps, int fnuz) {
     const int64_t n = rows * width;
     for (int64_t c0 = 0; c0 < n; c0 += g) {
+        const float *xg = x + c0;
+        float *og = out + c0;
         float amax = 0.0f;
-        for (int64_t c = c0; c < c0 + g; c++) {
-            const float a = fabsf(x[c]);
+        int bad = 0;
+#pragma omp simd reduction(max : amax) reduction(| : bad)
+        for (int64_t c = 0; c < g; c++) {
+            const float a = fabsf(xg[c]);
             amax = a > amax ? a : amax;
-            if (a != a) return 1;
+            bad |= !(a <= 0x1.fffffep127f); /* NaN or inf */
         }
-        if (!isfinite(amax)) return 1;
+        if (bad) return 1;
         const float s = (amax > eps ? amax : eps) / limit;
-        for (int64_t c = c0; c < c0 + g; c++) {
-            float y = x[c] / s;
+#pragma omp simd
+        for (int64_t c = 0; c < g; c++) {
+            float y = xg[c] / s;
             y = y < -limit ? -limit : (y > limit ? limit : y);
-            out[c] = fp8_value(to_fp8(bits_of(y), fnuz), fnuz) * s;
+            og[c] = fp8_value(to_fp8(bits_of(y), fnuz), fnuz) * s;
         }
     }
     return 0;
@@ -55,11 +56,13 @@ int repro_fake_quant_f32(const float *x, float *out, int64_t rows, int64_t width
 /* numerics.round_to_bf16 on fp32: out = bf16(x), n values. Returns 1 (out unfinished) on a NaN: torch's
  * vectorised cast writes 0xFFFF for it, its scalar tail 0x7FC0. */
 int repro_bf16_round_f32(const float *x, float *out, int64_t n) {
+    int nan = 0;
+#pragma omp simd reduction(| : nan)
     for (int64_t i = 0; i < n; i++) {
-        if (x[i] != x[i]) return 1;
+        nan |= x[i] != x[i];
         out[i] = bf16_round(x[i]);
     }
-    return 0;
+    return nan;
 }
 
 /* ceil(log2(r)) as torch's fp32 log2 then ceil give it, for a normal r > 0, or 1000 when the fp32 log2's
@@ -87,69 +90,104 @@ int repro_kv_round_trip_f32(const float *x, float *out, int64_t rows, int64_t wi
         float *o = out + r * width;
         for (int64_t c0 = 0; c0 < nope; c0 += block) {
             float amax = 0.0f;
+            int bad = 0;
+#pragma omp simd reduction(max : amax) reduction(| : bad)
             for (int64_t c = c0; c < c0 + block; c++) {
-                if (xr[c] != xr[c]) return 1;
                 o[c] = bf16_round(xr[c]);
                 const float a = fabsf(o[c]);
                 amax = a > amax ? a : amax;
+                bad |= !(fabsf(xr[c]) <= 0x1.fffffep127f);
             }
-            if (!isfinite(amax)) return 1;
+            if (bad || !(amax <= 0x1.fffffep127f)) return 1; /* a non-finite input, or one rounded to inf */
             const int e = ceil_log2((amax > amax_floor ? amax : amax_floor) / fp8_max);
             if (e == 1000 || e < -126 || e > 127) return 1;
             const float inverse = ldexpf(1.0f, -e), scale = ldexpf(1.0f, e);
+#pragma omp simd
             for (int64_t c = c0; c < c0 + block; c++) {
                 float y = o[c] * inverse;
                 y = y < -fp8_max ? -fp8_max : (y > fp8_max ? fp8_max : y);
                 o[c] = fp8_value(to_fp8(bits_of(y), 0), 0) * scale;
             }
         }
+        int bad = 0;
+#pragma omp simd reduction(| : bad)
         for (int64_t c = nope; c < width; c++) {
-            if (xr[c] != xr[c]) return 1;
+            bad |= xr[c] != xr[c];
             o[c] = bf16_round(xr[c]);
         }
+        if (bad) return 1;
     }
     return 0;
 }
 
-/* hyper_connection.sinkhorn_entrywise on fp32 comb [count, n, n] (in place): columns normalised, then iters - 1
- * times rows and columns, each line divided by ((line[0] + line[1]) + ...) + eps, added left to right. */
-void repro_sinkhorn_f32(float *comb, int64_t count, int64_t n, int64_t iters, float eps) {
-    for (int64_t p = 0; p < count; p++) {
-        float *m = comb + p * n * n;
-        for (int64_t it = 0; it < 2 * iters - 1; it++) {
-            const int by_rows = it % 2 == 1; /* columns first */
-            for (int64_t a = 0; a < n; a++) {
-                const int64_t step = by_rows ? 1 : n, first = by_rows ? a * n : a;
-                float total = m[first];
-                for (int64_t b = 1; b < n; b++) total = total + m[first + b * step];
-                total = total + eps;
-                for (int64_t b = 0; b < n; b++) m[first + b * step] = m[first + b * step] / total;
-            }
+/* The Sinkhorn loop works on CHUNK positions at a time laid out entry-major ([n*n][CHUNK]), so that each addition
+ * and division runs across positions in vector registers; every position still gets the entrywise ops, in order:
+ * columns normalised first, then iters - 1 times rows and columns, each line divided by
+ * ((line[0] + line[1]) + ...) + eps. */
+#define CHUNK 256
+
+/* One normalisation of m into o (both [n*n][CHUNK], `len` positions used); the line totals into t [n][CHUNK]. */
+static void normalise(const float *m, float *o, float *t, int64_t n, int64_t len, int by_rows, float eps) {
+    for (int64_t a = 0; a < n; a++) {
+        const int64_t stride = by_rows ? 1 : n, first = by_rows ? a * n : a;
+        float *total = t + a * CHUNK;
+        const float *m0 = m + first * CHUNK;
+#pragma omp simd
+        for (int64_t p = 0; p < len; p++) total[p] = m0[p];
+        for (int64_t b = 1; b < n; b++) {
+            const float *mb = m + (first + b * stride) * CHUNK;
+#pragma omp simd
+            for (int64_t p = 0; p < len; p++) total[p] = total[p] + mb[p];
+        }
+#pragma omp simd
+        for (int64_t p = 0; p < len; p++) total[p] = total[p] + eps;
+        for (int64_t b = 0; b < n; b++) {
+            const int64_t i = (first + b * stride) * CHUNK;
+#pragma omp simd
+            for (int64_t p = 0; p < len; p++) o[i + p] = m[i + p] / total[p];
         }
     }
 }
 
-/* The same loop with autograd's backward: forward as repro_sinkhorn_f32, keeping every step's matrix in
- * states [count, steps + 1, n, n] and its line totals in totals [count, steps, n] (steps = 2 iters - 1). */
-void repro_sinkhorn_save_f32(const float *comb, float *states, float *totals, int64_t count, int64_t n,
-                             int64_t iters, float eps) {
-    const int64_t steps = 2 * iters - 1, nn = n * n;
-    for (int64_t p = 0; p < count; p++) {
-        float *s = states + p * (steps + 1) * nn, *t = totals + p * steps * n;
-        memcpy(s, comb + p * nn, (size_t)nn * sizeof(float));
+static void load_chunk(const float *comb, float *m, int64_t p0, int64_t len, int64_t nn) {
+    for (int64_t p = 0; p < len; p++)
+        for (int64_t i = 0; i < nn; i++) m[i * CHUNK + p] = comb[(p0 + p) * nn + i];
+}
+
+static void store_chunk(const float *m, float *out, int64_t p0, int64_t len, int64_t nn) {
+    for (int64_t p = 0; p < len; p++)
+        for (int64_t i = 0; i < nn; i++) out[(p0 + p) * nn + i] = m[i * CHUNK + p];
+}
+
+/* hyper_connection.sinkhorn_entrywise on fp32 comb [count, n, n] (n <= 4) into out. */
+void repro_sinkhorn_f32(const float *comb, float *out, int64_t count, int64_t n, int64_t iters, float eps) {
+    float a[16 * CHUNK], b[16 * CHUNK], t[4 * CHUNK];
+    const int64_t nn = n * n, steps = 2 * iters - 1;
+    for (int64_t p0 = 0; p0 < count; p0 += CHUNK) {
+        const int64_t len = min64(CHUNK, count - p0);
+        load_chunk(comb, a, p0, len, nn);
+        float *m = a, *o = b;
         for (int64_t it = 0; it < steps; it++) {
-            const float *m = s + it * nn;
-            float *o = s + (it + 1) * nn;
-            const int by_rows = it % 2 == 1;
-            for (int64_t a = 0; a < n; a++) {
-                const int64_t step = by_rows ? 1 : n, first = by_rows ? a * n : a;
-                float total = m[first];
-                for (int64_t b = 1; b < n; b++) total = total + m[first + b * step];
-                total = total + eps;
-                t[it * n + a] = total;
-                for (int64_t b = 0; b < n; b++) o[first + b * step] = m[first + b * step] / total;
-            }
+            normalise(m, o, t, n, len, it % 2 == 1, eps);
+            float *swap = m; m = o; o = swap;
         }
+        store_chunk(m, out, p0, len, nn);
+    }
+}
+
+/* The same under autograd: out as repro_sinkhorn_f32, and for the backward every step's matrix in states
+ * [chunks][steps + 1][n*n][CHUNK] and its line totals in totals [chunks][steps][n][CHUNK] (chunks = ceil(count /
+ * CHUNK); the last chunk's unused positions are left unwritten). */
+void repro_sinkhorn_save_f32(const float *comb, float *out, float *states, float *totals, int64_t count, int64_t n,
+                             int64_t iters, float eps) {
+    const int64_t nn = n * n, steps = 2 * iters - 1;
+    for (int64_t p0 = 0, c = 0; p0 < count; p0 += CHUNK, c++) {
+        const int64_t len = min64(CHUNK, count - p0);
+        float *s = states + c * (steps + 1) * 16 * CHUNK, *t = totals + c * steps * 4 * CHUNK;
+        load_chunk(comb, s, p0, len, nn);
+        for (int64_t it = 0; it < steps; it++)
+            normalise(s + it * 16 * CHUNK, s + (it + 1) * 16 * CHUNK, t + it * 4 * CHUNK, n, len, it % 2 == 1, eps);
+        store_chunk(s + steps * 16 * CHUNK, out, p0, len, nn);
     }
 }
 
@@ -160,30 +198,39 @@ void repro_sinkhorn_save_f32(const float *comb, float *states, float *totals, in
  * autograd's select-backward leaves it: each value plus zeros, so -0 becomes +0. gout, gin: [count, n, n]. */
 void repro_sinkhorn_backward_f32(const float *states, const float *totals, const float *gout, float *gin,
                                  int64_t count, int64_t n, int64_t iters) {
-    const int64_t steps = 2 * iters - 1, nn = n * n;
-    float g[16], next[16];
-    for (int64_t p = 0; p < count; p++) {
-        const float *s = states + p * (steps + 1) * nn, *t = totals + p * steps * n;
-        memcpy(g, gout + p * nn, (size_t)nn * sizeof(float));
+    const int64_t nn = n * n, steps = 2 * iters - 1;
+    float g[16 * CHUNK], next[16 * CHUNK], gt[CHUNK];
+    for (int64_t p0 = 0, c = 0; p0 < count; p0 += CHUNK, c++) {
+        const int64_t len = min64(CHUNK, count - p0);
+        const float *s = states + c * (steps + 1) * 16 * CHUNK, *tt = totals + c * steps * 4 * CHUNK;
+        load_chunk(gout, g, p0, len, nn);
         for (int64_t it = steps - 1; it >= 0; it--) {
-            const float *x = s + it * nn;
+            const float *x = s + it * 16 * CHUNK;
             const int by_rows = it % 2 == 1;
             for (int64_t a = 0; a < n; a++) {
-                const int64_t step = by_rows ? 1 : n, first = by_rows ? a * n : a;
-                const float total = t[it * n + a];
-                float gt = 0.0f;
+                const int64_t stride = by_rows ? 1 : n, first = by_rows ? a * n : a;
+                const float *total = tt + it * 4 * CHUNK + a * CHUNK;
                 for (int64_t b = n - 1; b >= 0; b--) {
-                    const int64_t i = first + b * step;
-                    const float c = (-g[i]) * ((x[i] / total) / total);
-                    gt = b == n - 1 ? c : gt + c;
+                    const int64_t i = (first + b * stride) * CHUNK;
+                    if (b == n - 1) {
+#pragma omp simd
+                        for (int64_t p = 0; p < len; p++) gt[p] = (-g[i + p]) * ((x[i + p] / total[p]) / total[p]);
+                    } else {
+#pragma omp simd
+                        for (int64_t p = 0; p < len; p++)
+                            gt[p] = gt[p] + (-g[i + p]) * ((x[i + p] / total[p]) / total[p]);
+                    }
                 }
                 for (int64_t b = 0; b < n; b++) {
-                    const int64_t i = first + b * step;
-                    next[i] = g[i] / total + gt;
+                    const int64_t i = (first + b * stride) * CHUNK;
+#pragma omp simd
+                    for (int64_t p = 0; p < len; p++) next[i + p] = g[i + p] / total[p] + gt[p];
                 }
             }
-            memcpy(g, next, (size_t)nn * sizeof(float));
+            memcpy(g, next, sizeof(g));
         }
-        for (int64_t i = 0; i < nn; i++) gin[p * nn + i] = g[i] + 0.0f;
+#pragma omp simd
+        for (int64_t i = 0; i < 16 * CHUNK; i++) g[i] = g[i] + 0.0f;
+        store_chunk(g, gin, p0, len, nn);
     }
 }
