@@ -199,3 +199,24 @@ def growth(position_rows: list[dict], stat: str = "k3", early: int = 32, late: i
         last = e["late_w"] / e["late_n"] if e["late_n"] else float("nan")
         result[config] = {"early": first, "late": last, "ratio": last / first if first else float("nan")}
     return result
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def checkpoint_model(run_dir: str | Path, step: int, out_dir: str | Path, tokenizer_from: str | Path) -> Path:
+    """A model folder for the trainer weights a run checkpointed at ``step`` (its ``trainer/config.json`` and the
+    BF16 ``model.safetensors`` the run syncs to the rollout), with the tokenizer files of ``tokenizer_from`` (the
+    recipe's model: a checkpoint holds no tokenizer). Files are linked, not copied."""
+    trainer = Path(run_dir) / "checkpoints" / f"step_{step:06d}" / "trainer"
+    if not (trainer.parent / "COMPLETE").is_file():
+        raise FileNotFoundError(f"{trainer.parent}: no complete checkpoint of step {step} (kept: checkpoint.keep_last)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for source in [trainer / "config.json", trainer / "model.safetensors"] + [Path(tokenizer_from) / f for f in TOKENIZER_FILES]:
+        if not source.is_file():
+            raise FileNotFoundError(f"{source}: missing, needed for the model folder of step {step}")
+        target = out / source.name
+        target.unlink(missing_ok=True)
+        target.symlink_to(source.resolve())
+    return out
