@@ -57,3 +57,12 @@ def test_growth_is_token_weighted_late_over_early():
             {"config": "x", "start": 128, "end": 160, "tokens": 30, "k3": 2.0},
             {"config": "x", "start": 160, "end": 192, "tokens": 10, "k3": 6.0}]
     assert ma.growth(rows) == {"x": {"early": 1.0, "late": 3.0, "ratio": 3.0}}
+
+
+def test_position_table_weights_seeds_by_tokens():
+    rows = [{"config": "b", "seed": 0, "start": 0, "tokens": 1, "k3": 1.0},
+            {"config": "b", "seed": 1, "start": 0, "tokens": 3, "k3": 5.0},
+            {"config": "a", "seed": 0, "start": 32, "tokens": 2, "k3": 7.0}]
+    table = ma.position_table(rows, "k3")
+    assert list(table.index) == ["b", "a"] and list(table.columns) == [0, 32]
+    assert table.loc["b", 0] == 4.0 and table.loc["a", 32] == 7.0

@@ -220,3 +220,14 @@ def checkpoint_model(run_dir: str | Path, step: int, out_dir: str | Path, tokeni
         target.unlink(missing_ok=True)
         target.symlink_to(source.resolve())
     return out
+
+
+def position_table(position_rows: list[dict], stat: str):
+    """``stat`` (k1, k3, abs_diff, indexer_disagree, routing_flip) by configuration (rows, in their order) and
+    bucket start (columns), token-weighted over seeds."""
+    import pandas as pd
+
+    frame = pd.DataFrame(position_rows)
+    frame["weighted"] = frame[stat] * frame["tokens"]
+    grouped = frame.groupby(["config", "start"], sort=False)[["weighted", "tokens"]].sum()
+    return (grouped["weighted"] / grouped["tokens"]).unstack("start")
