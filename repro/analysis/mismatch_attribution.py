@@ -131,6 +131,7 @@ def attribute(recipe: Recipe, folder: Path, prompts: int, n: int, seed: int, buc
     fine = tuple(range(bucket_width, recipe.lengths.max_response + bucket_width, bucket_width))
     summary, positions, lumenrl = [], [], []
     engines: dict = {}
+    free: dict = {}  # trainer dtype -> its own (routing, indexer choices), the same for every row
     for row in rows:
         key = (row.numerics.activation_quant, row.numerics.bf16_activations, row.numerics.kv_cache_fp8)
         if key not in engines:
@@ -140,7 +141,9 @@ def attribute(recipe: Recipe, folder: Path, prompts: int, n: int, seed: int, buc
         old, own_routing, own_chosen = trainer_scores(trainer, batch, temperature, routing if row.r3 else None,
                                                       chosen if row.replay_indexer else None)
         # disagreement of the trainer's *own* choices with the rollout's, whatever this row replays
-        _, free_routing, free_chosen = trainer_scores(trainer, batch, temperature, None, None)
+        if row.trainer_dtype not in free:
+            free[row.trainer_dtype] = trainer_scores(trainer, batch, temperature, None, None)[1:]
+        free_routing, free_chosen = free[row.trainer_dtype]
         index_flags, route_flags = _flags(chosen, free_chosen), _flags(routing, free_routing)
         metrics = rollout_corr_metrics(old, rollout, mask, "token", cap)
         valid = mask.bool()
