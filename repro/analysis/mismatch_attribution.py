@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from repro.algos import logprobs_from_logits, rollout_corr_metrics
-from repro.analysis.mismatch_sources import ALL_ON, bucket_stats, rollout_engine, sample_fixed_batch
+from repro.analysis.mismatch_sources import ALL_ON, bucket_stats, over_seeds, rollout_engine, sample_fixed_batch
 from repro.metric_keys import POSITION_BUCKET_EDGES
 from repro.model.hf_folder import load_checkpoint
 from repro.model.indexer_choices import IndexerChoices, choice_disagreement
@@ -172,18 +172,7 @@ def attribute_seeds(recipe: str | Recipe, prompts: int, n: int, seeds: list[int]
     if bucket_width < 1:
         raise ValueError(f"bucket_width must be >= 1, got {bucket_width}")
     folder = resolve_path(recipe.model.path) if not model_dir else Path(model_dir)
-    out = {"summary": [], "positions": [], "lumenrl_buckets": [], "decode_gap": []}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for seed in seeds:
-            one = attribute(recipe, folder, prompts, n, seed, bucket_width)
-            for key in ("summary", "positions", "lumenrl_buckets"):
-                out[key] += one[key]
-            out["decode_gap"].append(one["decode_gap"])
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    return over_seeds(lambda seed: attribute(recipe, folder, prompts, n, seed, bucket_width), seeds)
 
 
 def growth(position_rows: list[dict], stat: str = "k3", early: int = 32, late: int = 128) -> dict[str, dict]:
