@@ -37,14 +37,14 @@ def plot_kl_by_position(run_tables: dict[str, pd.DataFrame], fixed_rows: list[di
             ax_runs.bar(np.arange(len(buckets)) + i * width, values, width, label=label)
         ax_runs.set_xticks(np.arange(len(buckets)) + width * (len(labels) - 1) / 2, buckets)
         ax_runs.set_xlabel("response position (LumenRL's buckets)")
-        ax_runs.set_ylabel("k3 KL, 75-step run mean")
+        ax_runs.set_ylabel("k3 KL, 75-step run mean (raw log-probs, as logged)")
         ax_runs.legend(fontsize="small")
         k3 = _weighted(fixed_rows, "k3")
         for config in configs:
             if config in k3.columns:
                 ax_fine.plot(k3.index, k3[config].to_numpy(), marker="o", label=config)
         ax_fine.set_xlabel("response position (bucket start, tokens)")
-        ax_fine.set_ylabel("k3 KL, fixed batch")
+        ax_fine.set_ylabel("k3 KL, fixed batch (processed unless the row says raw)")
         ax_fine.legend(fontsize="small")
         fig.suptitle("train-rollout mismatch by response position (tiny-cpu-long; emulated FP8 numerics)")
     return fig
