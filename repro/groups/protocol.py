@@ -35,7 +35,7 @@ class TrainerGroup(Protocol):
 
     def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
         """One update on ``batch`` (no ``old_logprobs``), pi_old from its own forward: (pi_old, metrics). Only
-        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the embedded trainer)."""
+        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the backend can: ``repro.recipes.backends``)."""
 
     def send_weights(self, version: int) -> Any:
         """Start sending every weight, tagged ``version``; the result goes to ``RolloutGroup.receive_weights``."""

@@ -15,13 +15,14 @@ import socket
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from repro.recipes.backends import build, trainer_of
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.rollout.vllm_engine import uses_vllm_transfer
 from repro.rollout.vllm_transfer import TransferAddress
 from repro.sync import PackedBucket, SyncStats, apply_stream, drain, pack_buckets
 from repro.sync_group import SyncAddress, SyncGroup, free_address, receive_all
-from repro.train.base import LogprobResult
+from repro.train.base import LogprobResult, Trainer
 from repro.train.batch import TrainBatch
 
 
@@ -69,17 +70,7 @@ class TrainerWorker:
 
     def __init__(self, recipe: Recipe | dict, model_dir: str | Path):
         recipe = _recipe(recipe)
-        if recipe.actor.backend == "megatron":  # needs megatron-core (`make test-megatron` builds .venv-megatron)
-            from repro.train.megatron.parallel import init_distributed_from_env
-            from repro.train.megatron.trainer import MegatronTrainer
-
-            if recipe.actor.num_workers > 1:
-                init_distributed_from_env()
-            self.trainer = MegatronTrainer.from_recipe(recipe)
-        else:
-            from repro.train.embedded import EmbeddedTrainer
-
-            self.trainer = EmbeddedTrainer.from_recipe(recipe, model_dir)
+        self.trainer: Trainer = build(trainer_of(recipe).builder, recipe, model_dir)
         self.bucket_bytes = recipe.weight_sync.bucket_mb * 1024 * 1024
         self.receivers, self.backend = sync_receivers(recipe), sync_backend(recipe)
         self.timeout_s = recipe.weight_sync.timeout_s
@@ -106,12 +97,7 @@ class TrainerWorker:
     def sender_index(self) -> int | None:
         """Which sync sender this rank is (None: it only helps gather). A Megatron world sends from the first
         rank of each pipeline stage, which gathers its stage's weights; the embedded trainer is one rank."""
-        sync_sender = getattr(self.trainer, "sync_sender", None)
-        return sync_sender() if sync_sender is not None else 0
-
-    def _sent_weights(self):
-        stage_weights = getattr(self.trainer, "stage_weights", None)
-        return stage_weights() if stage_weights is not None else self.trainer.named_weights()
+        return self.trainer.sync_sender()
 
     def sync_address(self) -> SyncAddress | TransferAddress | None:
         """Where this rank's sync group will meet (a free port on its node), or None for a non-sending rank; with
@@ -133,7 +119,7 @@ class TrainerWorker:
         bucket stream, for ``RolloutWorker.receive_weights``. On Ray: broadcast on this rank's sync group
         (formed on first use), or through vLLM's weight-transfer engine for a ``TransferAddress``; returns the
         payload bytes sent (0 from a rank that only helps gather)."""
-        named = self._sent_weights()
+        named = self.trainer.sync_weights()
         sender = self.sender_index()
         if sender is None:
             for _ in named:  # the collective gather needs this rank; its share arrives at rank 0

@@ -1,0 +1,96 @@
+"""The backends a recipe can name, one table per side: ``actor.backend`` -> ``TRAINERS``, ``rollout.backend`` ->
+``ROLLOUTS`` (``recipe.engine`` has its own, ``repro.engines``). Each entry is what the backend can do and the
+function that builds it; every other module asks these tables rather than comparing backend names.
+
+The builder is named as ``"module:function"`` and imported when a worker builds it (``build``): recipe
+validation reads this table and must not import torch, megatron-core or vLLM to do so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from repro.errors import RecipeError
+
+if TYPE_CHECKING:
+    from repro.recipes.schema import Recipe
+
+
+@dataclass(frozen=True)
+class TrainerCapabilities:
+    """What a trainer backend can do, declared once."""
+
+    builder: str                  # "module:function" (recipe, model_dir) -> the trainer of one process
+    scores_in_update: bool        # can take pi_old from its update's own first forward (``scored_train_step``)
+    sends_per_pipeline_stage: bool  # each pipeline stage's first rank sends its layers (else one sender)
+    one_worker: bool              # one process only (no model or data parallelism)
+    moments: Literal["fp32", "distributed"]  # fp32 moments only, or any dtype through a distributed optimizer
+    fp32_gradients: bool          # gradients held in fp32 whatever the compute dtype
+    hf_state: bool                # its saved state is also a Hugging Face folder (config.json), which export reads
+    needs_model_provider: bool    # actor.model_provider builds its model
+    package: str | None           # the optional package it needs (import name), None: repro's own
+
+
+@dataclass(frozen=True)
+class RolloutCapabilities:
+    """What a rollout backend can do, declared once."""
+
+    builder: str                  # "module:function" (recipe, model_dir) -> the engine
+    receivers_per_tensor_rank: bool  # every tensor-parallel worker receives the sync (else the one engine)
+    transfer_engine: bool         # can sync through the serving library's own weight-transfer engine
+    checkpoint_names: bool        # reloads checkpoint-format tensors (a trainer exports those names to it)
+    package: str | None
+
+
+TRAINERS: dict[str, TrainerCapabilities] = {
+    "embedded": TrainerCapabilities(
+        "repro.train.embedded:build_trainer", scores_in_update=True, sends_per_pipeline_stage=False,
+        one_worker=True, moments="fp32", fp32_gradients=False, hf_state=True, needs_model_provider=False,
+        package=None),
+    "megatron": TrainerCapabilities(
+        "repro.train.megatron.trainer:build_trainer", scores_in_update=False, sends_per_pipeline_stage=True,
+        one_worker=False, moments="distributed", fp32_gradients=True, hf_state=False, needs_model_provider=True,
+        package="megatron_core"),
+}
+
+ROLLOUTS: dict[str, RolloutCapabilities] = {
+    "embedded": RolloutCapabilities("repro.rollout.embedded:build_engine", receivers_per_tensor_rank=False,
+                                    transfer_engine=False, checkpoint_names=False, package=None),
+    "vllm": RolloutCapabilities("repro.rollout.vllm_engine:build_engine", receivers_per_tensor_rank=True,
+                                transfer_engine=True, checkpoint_names=True, package="vllm"),
+}
+
+
+def trainer_of(recipe: "Recipe") -> TrainerCapabilities:
+    return _entry(TRAINERS, recipe.actor.backend, "actor.backend")
+
+
+def rollout_of(recipe: "Recipe") -> RolloutCapabilities:
+    return _entry(ROLLOUTS, recipe.rollout.backend, "rollout.backend")
+
+
+def _entry(table: dict, name: str, field: str):
+    try:
+        return table[name]
+    except KeyError:
+        raise RecipeError(f"{field}: {name!r} is not one of {sorted(table)}") from None
+
+
+def sync_senders(recipe: "Recipe") -> int:
+    """Trainer ranks that send a weight sync: the first rank of each pipeline stage where the trainer sends per
+    stage (Megatron), else one."""
+    return recipe.actor.pipeline_parallel if trainer_of(recipe).sends_per_pipeline_stage else 1
+
+
+def sync_receivers(recipe: "Recipe") -> int:
+    """Processes that receive a weight sync: every tensor-parallel worker of the rollout (vLLM), or the one
+    engine."""
+    return recipe.rollout.tensor_parallel if rollout_of(recipe).receivers_per_tensor_rank else 1
+
+
+def build(builder: str, recipe: "Recipe", model_dir: Any) -> Any:
+    """Import a table entry's builder and call it: the trainer or engine of this worker process."""
+    module, _, function = builder.partition(":")
+    return getattr(importlib.import_module(module), function)(recipe, model_dir)
