@@ -115,7 +115,7 @@ def trainer_worker_args(recipe: "Recipe", master_addr: str = "<node of trainer r
 def backend_arguments(recipe: "Recipe") -> dict[str, dict[str, Any]]:
     """What the workers are built with, from the same functions that build them: the Megatron trainer's
     ``megatron_layout`` sections (``repro.train.megatron.config``) when the trainer is Megatron, vLLM's ``LLM``
-    arguments (``repro.rollout.vllm_engine.engine_args_from_recipe``) and one training rollout's
+    arguments (``repro.rollout.vllm_args.engine_args_from_recipe``) and one training rollout's
     ``SamplingParams`` when the rollout is vLLM."""
     sections: dict[str, dict[str, Any]] = {}
     if recipe.actor.backend == "megatron":
@@ -125,7 +125,7 @@ def backend_arguments(recipe: "Recipe") -> dict[str, dict[str, Any]]:
             sections[f"megatron {name}"] = values
     if recipe.rollout.backend == "vllm":
         from repro.rollout.types import SamplingParams
-        from repro.rollout.vllm_engine import engine_args_from_recipe, vllm_sampling_kwargs
+        from repro.rollout.vllm_args import engine_args_from_recipe, vllm_sampling_kwargs
 
         sections["vllm.LLM"] = engine_args_from_recipe(recipe, recipe.model.path)
         r = recipe.rollout

@@ -39,6 +39,7 @@ class RolloutCapabilities:
 
     builder: str                  # "module:function" (recipe, model_dir) -> the engine
     receivers_per_tensor_rank: bool  # every tensor-parallel worker receives the sync (else the one engine)
+    workers_join_groups: bool     # its workers join the senders' sync groups themselves (``receive_from_groups``)
     transfer_engine: bool         # can sync through the serving library's own weight-transfer engine
     checkpoint_names: bool        # reloads checkpoint-format tensors (a trainer exports those names to it)
     package: str | None
@@ -57,9 +58,9 @@ TRAINERS: dict[str, TrainerCapabilities] = {
 
 ROLLOUTS: dict[str, RolloutCapabilities] = {
     "embedded": RolloutCapabilities("repro.rollout.embedded:build_engine", receivers_per_tensor_rank=False,
-                                    transfer_engine=False, checkpoint_names=False, package=None),
+                                    workers_join_groups=False, transfer_engine=False, checkpoint_names=False, package=None),
     "vllm": RolloutCapabilities("repro.rollout.vllm_engine:build_engine", receivers_per_tensor_rank=True,
-                                transfer_engine=True, checkpoint_names=True, package="vllm"),
+                                workers_join_groups=True, transfer_engine=True, checkpoint_names=True, package="vllm"),
 }
 
 

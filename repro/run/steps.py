@@ -21,7 +21,7 @@ from repro.rollout.types import FinishReason, RolloutResult, SamplingParams
 from repro.run.checkpoints import driver_rng_state, save_checkpoint
 from repro.run.rollouts_file import StepTrajectories
 from repro.run.state import Run
-from repro.sync import SyncStats
+from repro.sync.apply import SyncStats
 from repro.train.batch import TrainBatch, build_batch
 from repro.train.grpo_update import old_logprobs_from_update
 

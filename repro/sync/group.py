@@ -21,7 +21,8 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from repro.sync import BucketHeader, PackedBucket, SyncError
+from repro.sync.errors import BucketError, SyncError
+from repro.sync.stream import BucketHeader, PackedBucket
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class SyncGroup:
                 if nbytes:
                     payload = self._broadcast(payload)
             except (RuntimeError, dist.DistError) as err:
-                raise SyncError(f"{where}: the transport failed while it was on its way "
+                raise BucketError(f"{where}: the transport failed while it was on its way "
                                 f"(sender dead or stalled past {self.address.timeout_s:g} s?): {err}") from err
             yield PackedBucket(header, payload)
             if header.end:
@@ -119,6 +120,6 @@ class SyncGroup:
 
 
 def receive_all(groups: list[SyncGroup], version: int) -> Iterator[PackedBucket]:
-    """Every sender's stream, sender 0 first (``repro.sync.verified_stream`` expects that order)."""
+    """Every sender's stream, sender 0 first (``repro.sync.stream.verified_stream`` expects that order)."""
     for group in sorted(groups, key=lambda g: g.address.sender):
         yield from group.receive(version)
