@@ -24,6 +24,7 @@ from repro.cluster.placement import plan_placement
 from repro.commands import run as run_command
 from repro.lumenrl.launch import LumenRLError, checkout_problems
 from repro.recipes import list_recipes, load_recipe
+from repro.recipes.backends import engine_of
 
 DEFAULT_RECIPE = "amd-dsv4-flash-mi308x"
 
@@ -65,7 +66,7 @@ def _with_address(recipe):
 
 def run(args) -> int:
     recipe = load_recipe(args.recipe, list(args.overrides))
-    if recipe.engine == "lumenrl":
+    if not engine_of(recipe).own_loop:  # LumenRL launches its own job
         return launch_lumenrl(args)
     if args.dry_run or args.simulate:
         if args.simulate:

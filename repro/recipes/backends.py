@@ -1,6 +1,7 @@
 """The backends a recipe can name, one table per side: ``actor.backend`` -> ``TRAINERS``, ``rollout.backend`` ->
-``ROLLOUTS`` (``recipe.engine`` has its own, ``repro.engines``). Each entry is what the backend can do and the
-function that builds it; every other module asks these tables rather than comparing backend names.
+``ROLLOUTS``, ``engine`` -> ``ENGINES``. Each entry is what the backend can do and (trainers, rollouts) the
+function that builds it; every other module asks these tables rather than comparing backend names. An engine's
+plan/run functions are ``repro.engines``' table, whose entries carry the capabilities declared here.
 
 The builder is named as ``"module:function"`` and imported when a worker builds it (``build``): recipe
 validation reads this table and must not import torch, megatron-core or vLLM to do so.
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from repro.errors import RecipeError
+from repro.recipes.lumenrl_checks import lumenrl_problems
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -29,6 +31,7 @@ class TrainerCapabilities:
     moments: Literal["fp32", "distributed"]  # fp32 moments only, or any dtype through a distributed optimizer
     fp32_gradients: bool          # gradients held in fp32 whatever the compute dtype
     hf_state: bool                # its saved state is also a Hugging Face folder (config.json), which export reads
+    own_adamw: bool               # always steps repro's fp32-master AdamW (torch's), never megatron's optimizer
     needs_model_provider: bool    # actor.model_provider builds its model
     package: str | None           # the optional package it needs (import name), None: repro's own
 
@@ -45,14 +48,26 @@ class RolloutCapabilities:
     package: str | None
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine (who runs the RL loop) does, declared once."""
+
+    own_loop: bool                # repro's loop: its sinks write rollouts/ and W&B, its checkpoints are repro's
+    streams_log: bool             # the run's rows are streamed from the engine's own log (key origins, step time)
+    rollout_logprobs: Literal["raw"] | None  # which log-probs its rollout reports when the recipe cannot say
+    streamed_optimizer: bool      # its trainer streams the optimizer state (LumenRL's DSV4 optimizer)
+    problems: Callable[["Recipe"], list[str]] | None  # what of a recipe it cannot run, field by field
+
+
 TRAINERS: dict[str, TrainerCapabilities] = {
     "embedded": TrainerCapabilities(
         "repro.train.embedded:build_trainer", scores_in_update=True, sends_per_pipeline_stage=False,
-        one_worker=True, moments="fp32", fp32_gradients=False, hf_state=True, needs_model_provider=False,
+        one_worker=True, moments="fp32", fp32_gradients=False, hf_state=True, own_adamw=True, needs_model_provider=False,
         package=None),
     "megatron": TrainerCapabilities(
         "repro.train.megatron.trainer:build_trainer", scores_in_update=False, sends_per_pipeline_stage=True,
-        one_worker=False, moments="distributed", fp32_gradients=True, hf_state=False, needs_model_provider=True,
+        one_worker=False, moments="distributed", fp32_gradients=True, hf_state=False, own_adamw=False,
+        needs_model_provider=True,
         package="megatron_core"),
 }
 
@@ -64,8 +79,25 @@ ROLLOUTS: dict[str, RolloutCapabilities] = {
 }
 
 
+ENGINES: dict[str, EngineCapabilities] = {
+    "repro": EngineCapabilities(own_loop=True, streams_log=False, rollout_logprobs=None, streamed_optimizer=False,
+                                problems=None),
+    "lumenrl": EngineCapabilities(own_loop=False, streams_log=True, rollout_logprobs="raw", streamed_optimizer=True,
+                                  problems=lumenrl_problems),
+}
+
+
 def trainer_of(recipe: "Recipe") -> TrainerCapabilities:
     return _entry(TRAINERS, recipe.actor.backend, "actor.backend")
+
+
+def trainer_named(name: str, where: str) -> TrainerCapabilities:
+    """A trainer backend by the name a saved state records (``where`` names the file, for the error)."""
+    return _entry(TRAINERS, name, where)
+
+
+def engine_of(recipe: "Recipe") -> EngineCapabilities:
+    return _entry(ENGINES, recipe.engine, "engine")
 
 
 def rollout_of(recipe: "Recipe") -> RolloutCapabilities:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from repro.recipes.backends import trainer_named
 from repro.train.base import StateParts, TrainerError
 
 FORMAT_VERSION = 1
@@ -95,7 +96,8 @@ def load_trainer(trainer: StateParts, directory: str | Path, *, backend: str = "
     ``load_weights(weights, source)`` replaces the strict HF ``load_state_dict`` for other backends.
     """
     folder = Path(directory)
-    required = STATE_FILES if backend == "embedded" else tuple(f for f in STATE_FILES if f != "config.json")
+    hf_state = trainer_named(backend, f"load_trainer(backend={backend!r})").hf_state
+    required = STATE_FILES if hf_state else tuple(f for f in STATE_FILES if f != "config.json")
     missing = [name for name in required if not (folder / name).is_file()]
     if missing:
         raise TrainerError(f"trainer state {folder} lacks {missing}")
