@@ -9,7 +9,8 @@ Weight sync is two calls (``repro.sync``): ``trainer.send_weights(version)`` sta
 what it sends (``repro.sync.handoff``: the lazy bucket stream, ``LocalStream``, in this process; on Ray a
 ``RemoteSend``: the senders' own collective groups or vLLM's transfer group, and the calls under way);
 ``rollout.receive_weights(sent, version)`` checks and applies the buckets one by one as they arrive. No rollout
-generates from a half-applied update: the engine refuses to generate from the first bucket until the last is applied, and after a failed sync until a complete one succeeds.
+generates from a half-applied update: the engine refuses to generate from the first bucket until the last is
+applied, and after a failed sync until a complete one succeeds.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class TrainerGroup(Protocol):
 
     def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
         """One update on ``batch`` (no ``old_logprobs``), pi_old from its own forward: (pi_old, metrics). Only
-        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the backend can: ``repro.recipes.backends``)."""
+        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the backend can,
+        ``repro.recipes.backends``)."""
 
     def send_weights(self, version: int) -> LocalStream | RemoteSend:
         """Start sending every weight, tagged ``version``; the result goes to ``RolloutGroup.receive_weights``."""

@@ -62,8 +62,8 @@ class EngineCapabilities:
 TRAINERS: dict[str, TrainerCapabilities] = {
     "embedded": TrainerCapabilities(
         "repro.train.embedded:build_trainer", scores_in_update=True, sends_per_pipeline_stage=False,
-        one_worker=True, moments="fp32", fp32_gradients=False, hf_state=True, own_adamw=True, needs_model_provider=False,
-        package=None),
+        one_worker=True, moments="fp32", fp32_gradients=False, hf_state=True, own_adamw=True,
+        needs_model_provider=False, package=None),
     "megatron": TrainerCapabilities(
         "repro.train.megatron.trainer:build_trainer", scores_in_update=False, sends_per_pipeline_stage=True,
         one_worker=False, moments="distributed", fp32_gradients=True, hf_state=False, own_adamw=False,
@@ -73,7 +73,8 @@ TRAINERS: dict[str, TrainerCapabilities] = {
 
 ROLLOUTS: dict[str, RolloutCapabilities] = {
     "embedded": RolloutCapabilities("repro.rollout.embedded:build_engine", receivers_per_tensor_rank=False,
-                                    workers_join_groups=False, transfer_engine=False, checkpoint_names=False, package=None),
+                                    workers_join_groups=False, transfer_engine=False, checkpoint_names=False,
+                                    package=None),
     "vllm": RolloutCapabilities("repro.rollout.vllm_engine:build_engine", receivers_per_tensor_rank=True,
                                 workers_join_groups=True, transfer_engine=True, checkpoint_names=True, package="vllm"),
 }

@@ -1,8 +1,9 @@
 """The embedded torch trainer: GRPO updates of a (tiny) DeepSeek-V4 on CPU, the loss the Megatron run uses.
 
 The update itself (rows, normalisers, each micro-batch's loss share, metrics) is ``repro.train.grpo_update``, the
-steps around it ``repro.train.grpo_trainer``; this class runs its forwards and backwards with plain torch -- token-budget micro-batches, each forward inside
-``RoutingReplay`` (R3) when the recipe asks -- and steps an fp32-master AdamW over the whole model.
+steps around it ``repro.train.grpo_trainer``; this class runs its forwards and backwards with plain torch --
+token-budget micro-batches, each forward inside ``RoutingReplay`` (R3) when the recipe asks -- and steps an
+fp32-master AdamW over the whole model.
 """
 
 from __future__ import annotations
@@ -112,14 +113,16 @@ class EmbeddedTrainer(GRPOTrainer):
     def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
         """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response)."""
         check_batch(batch, self.routers, need_old=False, replay=replay_routing, caller="logprobs")
-        scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
-        self.replicas.run([[partial(self._score_rows, batch, rows, replay_routing, scores) for rows in groups]
+        logprobs_out = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
+        self.replicas.run([[partial(self._score_rows, batch, rows, replay_routing, logprobs_out)
+                            for rows in groups]
                            for groups in self._scoring_row_groups(batch)])
-        return scores
+        return logprobs_out
 
-    def _score_rows(self, batch: TrainBatch, rows: torch.Tensor, replay: bool, scores: LogprobResult,
+    def _score_rows(self, batch: TrainBatch, rows: torch.Tensor, replay: bool, logprobs_out: LogprobResult,
                     model: torch.nn.Module) -> None:
-        """Write the log-probs and entropies of ``batch``'s [r] ``rows`` into ``scores``, forwarding on ``model``
+        """Write the log-probs and entropies of ``batch``'s [r] ``rows`` into ``logprobs_out``, forwarding on
+        ``model``
         (a no-grad pass: grad mode is per thread, so it is set here rather than by the caller)."""
         start = 0
         with torch.no_grad():
@@ -128,7 +131,7 @@ class EmbeddedTrainer(GRPOTrainer):
                 mask = micro.response_mask
                 lp = logprobs_from_logits(logits, micro.targets, self.temperature)
                 ent = entropy_from_logits(logits, self.temperature)
-                write_scores(scores, rows[start : start + micro.num_rows], torch.where(mask, lp, 0.0),
+                write_logprobs(logprobs_out, rows[start : start + micro.num_rows], torch.where(mask, lp, 0.0),
                              torch.where(mask, ent, 0.0))
                 start += micro.num_rows
 
@@ -158,12 +161,12 @@ class EmbeddedTrainer(GRPOTrainer):
 
     # ---- training ------------------------------------------------------------------------------------------
 
-    def accumulate_gradients(self, batch: TrainBatch, scores: LogprobResult | None) -> UpdateStats:
+    def accumulate_gradients(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> UpdateStats:
         """The hook of ``GRPOTrainer``: backward the update's loss over ``batch`` into the parameters' ``.grad``
         (zeroed first).
 
-        With ``scores`` ([B, T] tensors, filled here) and no ``batch.old_logprobs``: pi_old of each forwarded row
-        is its own log-probs from this forward (detached; the ratio is then exactly 1, as after a separate
+        With ``logprobs_out`` ([B, T] tensors, filled here) and no ``batch.old_logprobs``: pi_old of each forwarded
+        row is its own log-probs from this forward (detached; the ratio is then exactly 1, as after a separate
         rescoring), and the rows the update skips are scored by a no-grad pass, for the metrics only. Each update
         thread backwards its share of the rows, then scores its share of the skipped ones."""
         self.opt.zero_grad()
@@ -173,9 +176,9 @@ class EmbeddedTrainer(GRPOTrainer):
         per_thread = [UpdateStats() for _ in shares]
         work = []
         for share, rest, share_stats in zip(shares, skipped, per_thread):
-            jobs = [partial(self._backward_rows, batch, share, plan, share_stats, scores)] if len(share) else []
-            if scores is not None and len(rest):
-                jobs.append(partial(self._score_rows, batch, rest, self.replay_routing, scores))
+            jobs = [partial(self._backward_rows, batch, share, plan, share_stats, logprobs_out)] if len(share) else []
+            if logprobs_out is not None and len(rest):
+                jobs.append(partial(self._score_rows, batch, rest, self.replay_routing, logprobs_out))
             work.append(jobs)
         self.replicas.run(work)
         self.replicas.add_gradients_into_model()
@@ -184,7 +187,7 @@ class EmbeddedTrainer(GRPOTrainer):
         return stats
 
     def _backward_rows(self, batch: TrainBatch, rows: torch.Tensor, plan: UpdatePlan, stats: UpdateStats,
-                       scores: LogprobResult | None, model: torch.nn.Module) -> None:
+                       logprobs_out: LogprobResult | None, model: torch.nn.Module) -> None:
         """Forward and backward ``batch``'s [r] ``rows`` on ``model`` in token-budget micro-batches (see
         ``accumulate_gradients``), adding their sums to ``stats``."""
         start = 0
@@ -193,9 +196,9 @@ class EmbeddedTrainer(GRPOTrainer):
             logp = logprobs_from_logits(logits, micro.targets, self.temperature)
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), self.temperature)
-                if scores is not None:
+                if logprobs_out is not None:
                     micro = replace(micro, old_logprobs=torch.where(micro.response_mask, logp.detach(), 0.0))
-                    write_scores(scores, rows[start : start + micro.num_rows], micro.old_logprobs,
+                    write_logprobs(logprobs_out, rows[start : start + micro.num_rows], micro.old_logprobs,
                                  torch.where(micro.response_mask, entropy, 0.0))
                     start += micro.num_rows
             self.grpo.micro_loss(micro, logp, entropy, plan, stats).backward()
@@ -227,11 +230,12 @@ class EmbeddedTrainer(GRPOTrainer):
         self.step, self.updates = saved_state.load_trainer(self.state_parts(), directory)
 
 
-def write_scores(scores: LogprobResult, rows: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor) -> None:
-    """Put [r, t] log-probs and entropies of ``rows`` ([r] indices) into the [B, T] ``scores`` (t <= T)."""
+def write_logprobs(logprobs_out: LogprobResult, rows: torch.Tensor, logprobs: torch.Tensor,
+                   entropy: torch.Tensor) -> None:
+    """Put [r, t] log-probs and entropies of ``rows`` ([r] indices) into the [B, T] ``logprobs_out`` (t <= T)."""
     width = logprobs.shape[1]
-    scores.logprobs[rows, :width] = logprobs
-    scores.entropy[rows, :width] = entropy
+    logprobs_out.logprobs[rows, :width] = logprobs
+    logprobs_out.entropy[rows, :width] = entropy
 
 
 def build_trainer(recipe: Recipe, model_dir: str | Path) -> EmbeddedTrainer:

@@ -1,9 +1,10 @@
 """The GRPO steps every trainer backend inherits: ``train_step``, ``scored_train_step`` and ``gradients`` are
 written once here, over the update's rules (``repro.train.grpo_update.GRPOUpdate``). A backend supplies two hooks:
 
-    accumulate_gradients(batch, scores)   the update's loss over ``batch`` backed into the gradients (zeroed
-                                          first) through the backend's own forward/backward; returns the sums
-    optimizer_step(lr)                    clip and apply the gradients; returns the pre-clip global norm
+    accumulate_gradients(batch, logprobs_out)   the update's loss over ``batch`` backed into the gradients (zeroed
+                                                first) through the backend's own forward/backward; returns the
+                                                sums; with ``logprobs_out``, pi_old written into it on the way
+    optimizer_step(lr)                          clip and apply the gradients; returns the pre-clip global norm
 
 and declares what it can do in ``capabilities`` (``repro.recipes.backends.TRAINERS``).
 """
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from repro import metric_keys as K
 from repro.recipes.backends import TrainerCapabilities
 from repro.recipes.schema import OptimConfig
 from repro.train.base import LogprobResult, StateParts, TrainerError
@@ -40,8 +42,8 @@ class GRPOTrainer:
 
     # ---- the backend's hooks -------------------------------------------------------------------------------
 
-    def accumulate_gradients(self, batch: TrainBatch, scores: LogprobResult | None) -> UpdateStats:
-        """Back the update's loss over ``batch`` into the gradients (zeroed first). With ``scores`` (only where
+    def accumulate_gradients(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> UpdateStats:
+        """Back the update's loss over ``batch`` into the gradients (zeroed first). With ``logprobs_out`` (only where
         ``capabilities.scores_in_update``): pi_old of every row, written into it from the update's own forward."""
         raise NotImplementedError
 
@@ -76,11 +78,11 @@ class GRPOTrainer:
                 f"scored_train_step: algorithm.updates_per_step={self.grpo.algorithm.updates_per_step} and "
                 f"rollout_correction.mode={self.grpo.correction.mode!r} need pi_old from a separate pass first")
         check_batch(batch, self.routers, need_old=False, replay=self.replay_routing, caller="scored_train_step")
-        scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
-        metrics = self._updates(replace(batch, old_logprobs=None), scores)
+        logprobs_out = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
+        metrics = self._updates(replace(batch, old_logprobs=None), logprobs_out)
         self.updates += 1
         self.step += 1
-        return scores, metrics
+        return logprobs_out, metrics
 
     def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         """name -> fp32 gradient of the first update's loss on ``batch`` (unclipped; this rank's shard);
@@ -91,18 +93,18 @@ class GRPOTrainer:
         self.opt.zero_grad()
         return grads
 
-    def _updates(self, batch: TrainBatch, scores: LogprobResult | None) -> dict[str, float]:
+    def _updates(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> dict[str, float]:
         """One optimizer update per row group of ``batch``; means of their metrics (counts summed, the last
         update's lr). The warm-up counts from the updates done so far."""
         per_update = []
         for index, rows in enumerate(self.grpo.row_groups(batch)):
-            stats = self.accumulate_gradients(batch.rows(rows), scores)
+            stats = self.accumulate_gradients(batch.rows(rows), logprobs_out)
             lr = warmup_constant_lr(self.optim, self.updates + index)
             per_update.append(update_metrics(stats, self.optimizer_step(lr), lr))
         metrics = {key: sum(m[key] for m in per_update) / len(per_update) for key in per_update[0]}
         for key in COUNT_METRICS:
             metrics[key] = float(sum(m[key] for m in per_update))
-        metrics["actor/lr"] = per_update[-1]["actor/lr"]
+        metrics[K.LR] = per_update[-1][K.LR]
         return metrics
 
     # ---- state ---------------------------------------------------------------------------------------------

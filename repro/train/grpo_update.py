@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 
+from repro import metric_keys as K
 from repro.algos import agg_loss, broadcast_to_tokens, ppo_clip_loss, rollout_is_weights
 from repro.recipes.backends import trainer_of
 from repro.recipes.schema import AlgorithmConfig, Recipe, RolloutCorrectionConfig
@@ -30,7 +31,7 @@ from repro.train.batch import TrainBatch
 from repro.train.precision import COMPUTE_DTYPES
 
 REJECTING_MODES = ("token_mask", "sequence_mask")  # their kept tokens depend on pi_old, needed before any forward
-COUNT_METRICS = ("actor/num_rows_skipped_zero_adv", "actor/micro_batches")  # summed over updates, not averaged
+COUNT_METRICS = (K.ROWS_SKIPPED_ZERO_ADV, K.MICRO_BATCHES)  # summed over updates, not averaged
 
 
 @dataclass
@@ -202,13 +203,13 @@ def update_metrics(stats: UpdateStats, grad_norm: float, lr: float) -> dict[str,
     """verl-named metrics of one update: token means over the rows that went through a forward."""
     per_token = max(stats.tokens, 1.0)
     return {
-        "actor/loss": stats.loss,
-        "actor/grad_norm": grad_norm,
-        "actor/entropy": stats.entropy_sum / max(stats.response_tokens, 1.0),
-        "actor/pg_clipfrac": stats.clipfrac_sum / per_token,
-        "actor/pg_clipfrac_lower": stats.clipfrac_lower_sum / per_token,
-        "actor/ppo_kl": stats.ppo_kl_sum / per_token,
-        "actor/lr": lr,
-        "actor/num_rows_skipped_zero_adv": float(stats.rows_skipped),
-        "actor/micro_batches": float(stats.micro_batches),
+        K.LOSS: stats.loss,
+        K.GRAD_NORM: grad_norm,
+        K.ENTROPY: stats.entropy_sum / max(stats.response_tokens, 1.0),
+        K.PG_CLIPFRAC: stats.clipfrac_sum / per_token,
+        K.PG_CLIPFRAC_LOWER: stats.clipfrac_lower_sum / per_token,
+        K.PPO_KL: stats.ppo_kl_sum / per_token,
+        K.LR: lr,
+        K.ROWS_SKIPPED_ZERO_ADV: float(stats.rows_skipped),
+        K.MICRO_BATCHES: float(stats.micro_batches),
     }

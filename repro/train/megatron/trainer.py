@@ -11,8 +11,8 @@ Parts:
                                 fixed up front, zero-advantage rows skipped but counted, token-budget micro-batches
                                 each weighted by its share of the update's normaliser, global-norm clip, fp32-master
                                 AdamW with warm-up) is ``repro.train.grpo_update`` and the steps around it
-                                ``repro.train.grpo_trainer``, which both backends inherit, so
-                                both compute the one loss of ``repro.algos``; this class runs it through megatron's forward/backward
+                                ``repro.train.grpo_trainer``, which both backends inherit, so both compute the
+                                one loss of ``repro.algos``; this class runs it through megatron's forward/backward
                                 schedule (1F1B across pipeline stages), scores a vocabulary split over TP ranks,
                                 reduces gradients over DP and takes the clip norm over all model-parallel ranks
                                 (``repro.train.megatron.parallel``), and exports full weights for the sync.
@@ -229,13 +229,13 @@ class MegatronTrainer(GRPOTrainer):
             start += rows
         return LogprobResult(logprobs, entropy)
 
-    def accumulate_gradients(self, batch: TrainBatch, scores: LogprobResult | None) -> UpdateStats:
+    def accumulate_gradients(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> UpdateStats:
         """The hook of ``GRPOTrainer``: the GRPO update's loss over ``batch`` through megatron's schedule, backed
         into the gradients (zeroed first); data-parallel replicas each take their own slice of the forwarded rows.
-        pi_old never comes from here (``capabilities.scores_in_update`` is false): ``scores`` must be None."""
+        pi_old never comes from here (``capabilities.scores_in_update`` is false): ``logprobs_out`` must be None."""
         from megatron.core import parallel_state as ps  # optional heavy dependency: the Megatron lane's venv
 
-        if scores is not None:
+        if logprobs_out is not None:
             raise TrainerError("MegatronTrainer.accumulate_gradients: pi_old comes from a separate pass here")
 
         self.opt.zero_grad()
