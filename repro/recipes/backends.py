@@ -21,6 +21,19 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Library:
+    """An optional library a backend needs on the cluster (pins: repro/cluster/pins.py)."""
+
+    distribution: str             # as pip and ``cluster.versions`` name it
+    module: str                   # as Python imports it
+    what: str                     # what it is, for messages
+
+
+MEGATRON_CORE = Library("megatron-core", "megatron.core", "megatron-core, the Megatron trainer backend's library")
+VLLM = Library("vllm", "vllm", "vLLM, the rollout engine's library")
+
+
+@dataclass(frozen=True)
 class TrainerCapabilities:
     """What a trainer backend can do, declared once."""
 
@@ -33,7 +46,7 @@ class TrainerCapabilities:
     hf_state: bool                # its saved state is also a Hugging Face folder (config.json), which export reads
     own_adamw: bool               # always steps repro's fp32-master AdamW (torch's), never megatron's optimizer
     needs_model_provider: bool    # actor.model_provider builds its model
-    package: str | None           # the optional package it needs (import name), None: repro's own
+    library: Library | None       # the optional library it needs, None: repro's own
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ class RolloutCapabilities:
     workers_join_groups: bool     # its workers join the senders' sync groups themselves (``receive_from_groups``)
     transfer_engine: bool         # can sync through the serving library's own weight-transfer engine
     checkpoint_names: bool        # reloads checkpoint-format tensors (a trainer exports those names to it)
-    package: str | None
+    library: Library | None
 
 
 @dataclass(frozen=True)
@@ -63,20 +76,19 @@ TRAINERS: dict[str, TrainerCapabilities] = {
     "embedded": TrainerCapabilities(
         "repro.train.embedded:build_trainer", scores_in_update=True, sends_per_pipeline_stage=False,
         one_worker=True, moments="fp32", fp32_gradients=False, hf_state=True, own_adamw=True,
-        needs_model_provider=False, package=None),
+        needs_model_provider=False, library=None),
     "megatron": TrainerCapabilities(
         "repro.train.megatron.trainer:build_trainer", scores_in_update=False, sends_per_pipeline_stage=True,
         one_worker=False, moments="distributed", fp32_gradients=True, hf_state=False, own_adamw=False,
-        needs_model_provider=True,
-        package="megatron_core"),
+        needs_model_provider=True, library=MEGATRON_CORE),
 }
 
 ROLLOUTS: dict[str, RolloutCapabilities] = {
     "embedded": RolloutCapabilities("repro.rollout.embedded:build_engine", receivers_per_tensor_rank=False,
                                     workers_join_groups=False, transfer_engine=False, checkpoint_names=False,
-                                    package=None),
+                                    library=None),
     "vllm": RolloutCapabilities("repro.rollout.vllm_engine:build_engine", receivers_per_tensor_rank=True,
-                                workers_join_groups=True, transfer_engine=True, checkpoint_names=True, package="vllm"),
+                                workers_join_groups=True, transfer_engine=True, checkpoint_names=True, library=VLLM),
 }
 
 
@@ -110,6 +122,11 @@ def _entry(table: dict, name: str, field: str):
         return table[name]
     except KeyError:
         raise RecipeError(f"{field}: {name!r} is not one of {sorted(table)}") from None
+
+
+def libraries(recipe: "Recipe") -> list[Library]:
+    """The optional libraries the recipe's trainer and rollout backends need (none for the embedded ones)."""
+    return [lib for lib in (trainer_of(recipe).library, rollout_of(recipe).library) if lib is not None]
 
 
 def sync_senders(recipe: "Recipe") -> int:
