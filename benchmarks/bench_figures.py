@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from repro.analysis.synthetic import write_synthetic_run
-from repro.plots import make_all_figures
+from repro.analysis.plots import make_all_figures
 
 GOALS_S = {75: 5.0, 10_000: 30.0}
 

@@ -63,7 +63,7 @@ def step_repro_check(out: Path) -> tuple[str, str]:
 def step_gpu_numerics() -> tuple[str, str]:
     import torch
 
-    from repro.cluster.readiness import fp8_format_for
+    from repro.readiness.checks import fp8_format_for
     from repro.fp8.quant import quantize_block
     from repro.model.tiny import BOS_TOKEN_ID, build_tiny_model
 

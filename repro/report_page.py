@@ -25,7 +25,7 @@ from repro.analysis.frame import METRICS_FILE, RECIPE_FILE, MetricsError, RunFra
 from repro.analysis.report import render_report
 from repro.analysis.sources import default_output_dir, load_sources
 from repro.errors import ReproError
-from repro.plots import FIGURES, figure_bytes
+from repro.analysis.plots import FIGURES, figure_bytes
 
 REPORT_DIR = "report"
 PAGE = "index.html"

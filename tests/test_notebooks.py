@@ -18,7 +18,7 @@ from repro.analysis import compare_to_amd, load_run
 from repro.analysis import summary
 from repro.notebooks import (CHAIN, NOTEBOOKS_DIR, NotebookError, execute_notebook, load_results, record_results,
                              run_chain, venv_kernel_name)
-from repro.plots import FIGURE_NAMES
+from repro.analysis.plots import FIGURE_NAMES
 from repro.reference import amd_value
 
 OURS = ("02_smoke_run", "03_full_run", "10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess",

@@ -11,8 +11,9 @@ import pytest
 from repro.analysis import MetricsError, load_run, load_source
 from repro.analysis import summary
 from repro.analysis.synthetic import write_synthetic_run
-from repro.plots import (AMD_COLOUR, FIGURE_NAMES, make_all_figures, plot_heldout_accuracy, plot_reward_accuracy,
-                         plot_rollout_throughput, plot_train_rollout_mismatch, save_figure)
+from repro.analysis.plots import (AMD_COLOUR, FIGURE_NAMES, make_all_figures, plot_heldout_accuracy,
+                                  plot_reward_accuracy, plot_rollout_throughput, plot_train_rollout_mismatch,
+                                  save_figure)
 
 DATA = Path(__file__).parent / "data"
 

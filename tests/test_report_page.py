@@ -21,7 +21,7 @@ from repro.analysis.formats import fmt
 from repro.analysis.report import value_cell
 from repro.analysis.synthetic import write_synthetic_run
 from repro.cli import main
-from repro.plots import FIGURE_NAMES, make_all_figures
+from repro.analysis.plots import FIGURE_NAMES, make_all_figures
 from repro.report_page import ReportError, write_report_page
 
 ROOT = Path(__file__).parent.parent

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from repro import REPO_DIR
-from repro.plots import FIGURE_NAMES
+from repro.analysis.plots import FIGURE_NAMES
 
 SMALL = ["algorithm.prompts_per_step=4", "algorithm.responses_per_prompt=2", "eval.samples_per_problem=1",
          "eval.at_start=false"]

@@ -1,5 +1,5 @@
 """Analysis of run logs: frames, sources (repro runs, W&B exports, LumenRL logs, verl JSONL), comparison with AMD
-and its report (figures: repro.plots)."""
+and its report (figures: plots.py)."""
 
 from repro.analysis.compare import compare_sources, compare_to_amd
 from repro.analysis.frame import MetricsError, RunFrames, load_run

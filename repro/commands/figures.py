@@ -12,7 +12,7 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from repro.plots import make_all_figures
+    from repro.analysis.plots import make_all_figures
 
     for path in make_all_figures(args.sources, args.out, data_source=args.data_source, wandb_run=args.wandb_run):
         print(path)

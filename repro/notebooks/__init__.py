@@ -1,8 +1,8 @@
 """The notebook suite: run notebooks with papermill, record what each one found, and chain them.
 
 Each notebook under ``notebooks/`` is a thin walkthrough: a ``parameters`` cell, then calls into ``repro``
-(every computation lives here or in ``repro.analysis`` / ``repro.plots``), tables, figures, and a last cell
-that calls :func:`record_results`. The recorded JSON sits beside the executed notebook
+(every computation lives here or in ``repro.analysis``, figures in ``repro.analysis.plots``), tables, figures, and a
+last cell that calls :func:`record_results`. The recorded JSON sits beside the executed notebook
 (``<out_dir>/<name>.results.json``) so a test, the chain or a reader can check the numbers without parsing
 notebook outputs.
 

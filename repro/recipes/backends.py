@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Library:
-    """An optional library a backend needs on the cluster (pins: repro/cluster/pins.py)."""
+    """An optional library a backend needs on the cluster (pins: repro/readiness/pins.py)."""
 
     distribution: str             # as pip and ``cluster.versions`` name it
     module: str                   # as Python imports it

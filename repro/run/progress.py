@@ -90,7 +90,7 @@ class LivePlot:
     def figure(self):
         from matplotlib.ticker import PercentFormatter
 
-        from repro.plots import AMD_COLOUR, RUN_COLOUR, _new_figure, styled  # matplotlib: the notebook's figure only
+        from repro.analysis.plots import AMD_COLOUR, RUN_COLOUR, _new_figure, styled  # matplotlib: the notebook's figure only
 
         with styled():
             fig, (ax_acc, ax_kl) = _new_figure(ncols=2)
@@ -113,7 +113,7 @@ class LivePlot:
     def _image(self):
         from IPython.display import Image
 
-        from repro.plots import styled  # matplotlib: the notebook's figure only
+        from repro.analysis.plots import styled  # matplotlib: the notebook's figure only
 
         buffer = io.BytesIO()
         with styled():

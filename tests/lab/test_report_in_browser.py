@@ -10,7 +10,7 @@ from repro.analysis import compare_to_amd, load_run
 from repro.analysis.formats import fmt
 from repro.analysis.report import value_cell
 from repro.cli import main
-from repro.plots import FIGURE_NAMES
+from repro.analysis.plots import FIGURE_NAMES
 
 TABLES_JS = """
 () => Array.from(document.querySelectorAll('table')).map(t => Array.from(t.rows).map(r =>

@@ -224,7 +224,7 @@ def format_budget(recipe: "Recipe", budget: MemoryBudget) -> str:
     largest = max([s.device_total for s in budget.stages] + [s.host_total for s in budget.stages])
     unit, scale = ("GB", 1e9) if largest >= 1e9 else ("MB", 1e6)  # a tiny model's budget in readable numbers
     head = f"{unit + ' per trainer rank (estimate)':<34}" + "".join(f"{f'stage {s.stage} ({s.layers} L)':>16}" for s in budget.stages)
-    lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; assumptions in repro/cluster/memory_budget.py",
+    lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; assumptions in repro/readiness/memory_budget.py",
              head, f"{'parameters held (millions)':<34}" + "".join(f"{s.parameters / 1e6:>16,.1f}" for s in budget.stages)]
     for place, attr in (("device", "device"), ("host", "host")):
         if not any(getattr(s, attr) for s in budget.stages):

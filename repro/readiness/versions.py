@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from repro.cluster.pins import expected_versions, version_matches
+from repro.readiness.pins import expected_versions, version_matches
+from repro.readiness.types import FAIL, PASS, SKIP, WARN, Check, CheckResult, Facts, cpu_mode, kind_name, skipped
 from repro.recipes.backends import MEGATRON_CORE, VLLM, libraries
-from repro.cluster.readiness_types import FAIL, PASS, SKIP, WARN, Check, CheckResult, Facts, cpu_mode, kind_name, skipped
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from repro.cluster import ClusterError
-from repro.cluster.memory_budget import format_budget, memory_budget
 from repro.cluster.placement import (
     ROLLOUT, TRAINER, PlacementPlan, PlacementRow, create_placement_groups, placement_table, plan_placement,
 )
 from repro.cluster.runtime import ensure_ray, shutdown_ray
+from repro.readiness.memory_budget import format_budget, memory_budget
 from repro.recipes.backends import MEGATRON_CORE, VLLM, libraries, rollout_of, trainer_of
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def module_available(module: str) -> bool:
 
 def missing_backends(recipe: "Recipe") -> list[str]:
     """Backends the recipe names whose library is not importable here (empty for the embedded CPU backends)."""
-    return [f"{lib.what} (pin: repro/cluster/pins.py) (module {lib.module})" for lib in libraries(recipe)
+    return [f"{lib.what} (pin: repro/readiness/pins.py) (module {lib.module})" for lib in libraries(recipe)
             if not module_available(lib.module)]
 
 
@@ -213,7 +213,7 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
 
 
 def format_memory_budget(recipe: "Recipe") -> str:
-    """Each trainer rank's memory against the recipe's device and host capacities (repro.cluster.memory_budget)."""
+    """Each trainer rank's memory against the recipe's device and host capacities (repro.readiness.memory_budget)."""
     return format_budget(recipe, memory_budget(recipe))
 
 
