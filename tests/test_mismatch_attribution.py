@@ -1,6 +1,8 @@
 """repro.model.indexer_choices and repro.analysis.mismatch_attribution: the indexer's record and replay on a
 tiny DeepSeek-V4, the disagreement counts by hand, the position shares and the growth ratio."""
 
+import math
+
 import pytest
 import torch
 
@@ -66,3 +68,20 @@ def test_position_table_weights_seeds_by_tokens():
     table = ma.position_table(rows, "k3")
     assert list(table.index) == ["b", "a"] and list(table.columns) == [0, 32]
     assert table.loc["b", 0] == 4.0 and table.loc["a", 32] == 7.0
+
+
+def test_figures_draw_one_bar_per_run_and_bucket_and_one_line_per_row():
+    import pandas as pd
+
+    from repro.analysis.mismatch_plots import plot_attribution, plot_kl_by_position
+
+    table = pd.DataFrame({"k3_kl": [1e-3, 2e-3]}, index=["0–127", "128–511"])
+    rows = [{"config": c, "seed": 0, "start": s, "tokens": 4, "k3": 1e-4 * (s + 1), "indexer_disagree": 0.1,
+             "routing_flip": 0.02} for c in ("all on (the run)", "weights only") for s in (0, 32)]
+    fig = plot_kl_by_position({"a": table, "b": table.iloc[:1]}, rows)
+    runs, fine = fig.axes
+    heights = [p.get_height() for p in runs.patches]
+    assert heights[:3] == [0.001, 0.002, 0.001] and math.isnan(heights[3])  # b lacks 128-511: no bar
+    assert [line.get_label() for line in fine.get_lines()] == ["all on (the run)", "weights only"]
+    k3, shares = plot_attribution(rows).axes
+    assert len(k3.get_lines()) == 2 and len(shares.get_lines()) == 2

@@ -57,8 +57,8 @@ def plot_attribution(position_rows: list[dict]) -> Figure:
         fig, (ax_k3, ax_share) = _new_figure(nrows=2, sharex=True)
         fig.set_size_inches(9.0, 7.0)
         k3 = _weighted(position_rows, "k3")
-        for config in k3.columns:
-            ax_k3.plot(k3.index, k3[config].to_numpy(), marker="o", label=config)
+        for i, config in enumerate(k3.columns):  # past the 10 colours of the cycle, dashed lines tell rows apart
+            ax_k3.plot(k3.index, k3[config].to_numpy(), marker="o", label=config, linestyle="--" if i >= 10 else "-")
         ax_k3.set_ylabel("k3 KL")
         ax_k3.set_yscale("log")
         ax_k3.legend(fontsize="x-small", ncol=2)
