@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 import repro
-from repro.cluster import readiness as C
-from repro.cluster.readiness import FAIL, PASS, SKIP, WARN, Facts, NodeFacts
-from repro.cluster.pins import expected_versions, version_matches
+from repro.readiness import checks as C
+from repro.readiness.checks import FAIL, PASS, SKIP, WARN, Facts, NodeFacts
+from repro.readiness.pins import expected_versions, version_matches
 from repro.recipes import load_recipe
 
 AMD = load_recipe("amd-dsv4-flash-mi308x")
@@ -191,7 +191,7 @@ def test_lumenrl_is_reported_and_required_only_when_the_recipe_names_a_commit():
 
 def test_lumenrl_facts_from_a_checkout(tmp_path, monkeypatch):
     """gather_facts finds LumenRL without importing it and reads the commit of its own checkout."""
-    from repro.cluster import facts as F
+    from repro.readiness import facts as F
 
     checkout = tmp_path / "Lumen-RL"
     (checkout / "lumenrl").mkdir(parents=True)
@@ -232,7 +232,7 @@ def test_disk_for_checkpoints():
 
 
 def test_host_ram_for_the_offloaded_optimizer():
-    from repro.cluster.memory_budget import memory_budget
+    from repro.readiness.memory_budget import memory_budget
 
     per_node = C.optimizer_bytes_per_node(AMD)
     # the dry run's budget: trainer node 0 holds stages 0 and 1 (4 ranks each), 16 host bytes per owned parameter

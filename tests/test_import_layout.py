@@ -111,3 +111,18 @@ def test_our_engine_and_the_recipes_import_nothing_of_lumenrl():
             if any(t.startswith("repro.lumenrl") for t in graph[m])} == {}
     # the one place that knows both: the engine table
     assert {"repro.run.start", "repro.lumenrl.run"} <= graph["repro.engines"]
+
+
+def test_the_ray_layer_stands_on_errors_alone_and_the_checks_stand_on_it():
+    """cluster/ is the Ray layer the groups use; `repro check` (readiness/) and the launch (run/launch.py) sit above
+    it, so the groups never import the checks by way of the Ray layer."""
+    graph = import_graph()
+    cluster = {m for m in graph if m.split(".")[:2] == ["repro", "cluster"]}
+    assert cluster == {"repro.cluster", "repro.cluster.placement", "repro.cluster.runtime"}
+    assert set().union(*(graph[m] for m in cluster)) - cluster == {"repro.errors"}
+    readiness = {m for m in graph if m.split(".")[:2] == ["repro", "readiness"]}
+    assert len(readiness) == 8
+    assert set().union(*(graph[m] for m in readiness)) - readiness == {
+        "repro.cluster.placement", "repro.cluster.runtime", "repro.recipes.backends", "repro.recipes.consistency"}
+    launch = {"repro.cluster.placement", "repro.cluster.runtime", "repro.readiness.memory_budget"}
+    assert launch <= graph["repro.run.launch"]

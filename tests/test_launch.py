@@ -15,7 +15,8 @@ os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 import pytest  # noqa: E402
 
-from repro.cluster.launch import (  # noqa: E402
+from repro.recipes import load_recipe  # noqa: E402
+from repro.run.launch import (  # noqa: E402
     LaunchError,
     launch_blockers,
     megatron_coords,
@@ -23,7 +24,6 @@ from repro.cluster.launch import (  # noqa: E402
     parallel_sizes,
     trainer_worker_args,
 )
-from repro.recipes import load_recipe  # noqa: E402
 
 AMD = "amd-dsv4-flash-mi308x"
 
@@ -97,9 +97,9 @@ def test_the_dry_run_prints_exactly_the_arguments_the_workers_are_built_with(rec
     import sys
     import types
 
-    from repro.cluster.launch import format_dry_run, unplaced_rows
     from repro.cluster.placement import plan_placement
     from repro.rollout import vllm_engine
+    from repro.run.launch import format_dry_run, unplaced_rows
     from repro.train.megatron.config import megatron_layout
 
     on_cluster = ["rollout.backend=vllm", "actor.backend=megatron"] if recipe_name == "tiny-cpu" else []
@@ -126,7 +126,7 @@ def test_the_dry_run_prints_exactly_the_arguments_the_workers_are_built_with(rec
 
 
 def test_launch_without_backends_stops_naming_them(monkeypatch):
-    import repro.cluster.launch as launch_module
+    import repro.run.launch as launch_module
 
     monkeypatch.setattr(launch_module, "module_available", lambda name: False)
     assert len(missing_backends(load_recipe(AMD))) == 2
@@ -137,13 +137,13 @@ def test_launch_without_backends_stops_naming_them(monkeypatch):
 
 
 def test_module_available_answers_for_submodules_of_absent_packages():
-    from repro.cluster.launch import module_available
+    from repro.run.launch import module_available
 
     assert module_available("json.decoder") and not module_available("no_such_package.core")
 
 
 def test_launch_with_backends_but_no_dsv4_model_provider_names_the_field(monkeypatch):
-    import repro.cluster.launch as launch_module
+    import repro.run.launch as launch_module
 
     monkeypatch.setattr(launch_module, "module_available", lambda name: True)
     assert missing_backends(load_recipe(AMD)) == []
@@ -230,7 +230,7 @@ def test_a_dry_run_with_no_cluster_to_join_shows_the_placement_on_a_simulated_on
     import ray
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    from repro.cluster import facts
+    from repro.readiness import facts
 
     def nothing_recorded(address):  # as on a machine where `ray start` never ran
         raise facts.NoClusterFound("no Ray cluster found on this machine (test: nothing recorded)")

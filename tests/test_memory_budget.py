@@ -1,4 +1,4 @@
-"""The trainer's memory budget (repro.cluster.memory_budget): exact bytes on a hand-made small layout, the AMD
+"""The trainer's memory budget (repro.readiness.memory_budget): exact bytes on a hand-made small layout, the AMD
 recipe fitting its MI308X devices, the same recipe without offload flagged naming the field, and the dry run and
 `repro check` showing the same numbers."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from repro.cluster import readiness as C
-from repro.cluster.launch import format_dry_run, unplaced_rows
-from repro.cluster.memory_budget import format_budget, memory_budget, optimizer_bytes
 from repro.cluster.placement import plan_placement
+from repro.readiness import checks as C
+from repro.readiness.memory_budget import format_budget, memory_budget, optimizer_bytes
 from repro.recipes import load_recipe
 from repro.recipes.consistency import pipeline_stage_layers
+from repro.run.launch import format_dry_run, unplaced_rows
 from repro.errors import RecipeError
 
 from test_cluster_checks import amd_cluster_facts, laptop_facts

@@ -74,9 +74,9 @@ def test_a_closed_pipe_ends_the_command_quietly(monkeypatch):
 
 
 def test_check_table_says_each_thing_once_and_has_a_fix_or_a_dash():
-    from repro.cluster.facts import gather_facts
-    from repro.cluster.readiness import run_checks
-    from repro.cluster.readiness_report import NOTHING_TO_DO, results_as_dicts
+    from repro.readiness.facts import gather_facts
+    from repro.readiness.checks import run_checks
+    from repro.readiness.report import NOTHING_TO_DO, results_as_dicts
 
     rows = results_as_dicts(run_checks(TINY, gather_facts(TINY)))
     assert not any(r["detail"].startswith("SKIP") for r in rows)

@@ -1,7 +1,9 @@
-"""The Ray layer: start or join Ray, place the trainer and rollout groups, hold backends in actors.
+"""The Ray layer the groups stand on: start or join Ray (``runtime``), place the trainer and rollout groups
+(``placement``). It imports nothing of the package above ``repro.errors``; the checks of ``repro check``
+(``repro.readiness``) and the launch (``repro.run.launch``) are built on it, never the other way round.
 
 ``placement.plan_placement`` is pure (no Ray import), so a dry run can print the plan without a cluster;
-``runtime``, ``placement.create_placement_groups`` and ``actors`` need Ray.
+``runtime`` and ``placement.create_placement_groups`` need Ray (the actors live in ``repro.groups``).
 """
 
 from repro.errors import ReproError

@@ -6,7 +6,7 @@ writes the same rows as a list of {check, status, detail, fix}. Exit code 0 if n
 
 from __future__ import annotations
 
-from repro.cluster.readiness import check_cluster, failed, format_table, summary_line, write_json
+from repro.readiness.checks import check_cluster, failed, format_table, summary_line, write_json
 from repro.recipes import list_recipes, load_recipe
 
 

@@ -5,7 +5,7 @@ config written from the recipe beside the published one, the environment and the
 
 ``--dry-run`` places both groups (so the cluster proves it can hold them), prints which node hosts each
 worker and bundle, each trainer rank's Megatron coordinates, the vLLM engine arguments and the trainer's memory
-budget per rank (repro.cluster.memory_budget), then releases the placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
+budget per rank (repro.readiness.memory_budget), then releases the placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
 
 Without ``--dry-run`` it refuses, naming each, when a worker library (megatron-core, vLLM) is not importable or
 ``actor.model_provider`` is unset; otherwise it hands over to ``repro run`` (``repro.commands.run.execute``),
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 
-from repro.cluster import ClusterError, facts
-from repro.cluster.launch import (
-    LaunchError, dry_run, format_dry_run, format_memory_budget, launch_blockers, simulated_dry_run, unplaced_rows,
-)
+from repro.cluster import ClusterError
 from repro.cluster.placement import plan_placement
 from repro.commands import run as run_command
 from repro.lumenrl.launch import LumenRLError, checkout_problems
+from repro.readiness import facts
 from repro.recipes import list_recipes, load_recipe
+from repro.recipes.backends import engine_of
+from repro.run.launch import (
+    LaunchError, dry_run, format_dry_run, format_memory_budget, launch_blockers, simulated_dry_run, unplaced_rows,
+)
 
 DEFAULT_RECIPE = "amd-dsv4-flash-mi308x"
 
@@ -65,7 +67,7 @@ def _with_address(recipe):
 
 def run(args) -> int:
     recipe = load_recipe(args.recipe, list(args.overrides))
-    if recipe.engine == "lumenrl":
+    if not engine_of(recipe).own_loop:  # LumenRL launches its own job
         return launch_lumenrl(args)
     if args.dry_run or args.simulate:
         if args.simulate:

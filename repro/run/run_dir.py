@@ -28,7 +28,7 @@ import yaml
 from repro.recipes.earlier import EARLIER_CONVENTIONS, fill_earlier_conventions
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
-from repro.cluster.memory_budget import checkpoint_bytes
+from repro.readiness.memory_budget import checkpoint_bytes
 from repro.data.sampler import PromptSampler
 from repro.data.recipe_datasets import all_prompt_ids, load_dataset
 from repro.errors import ReproError

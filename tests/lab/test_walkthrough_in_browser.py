@@ -76,12 +76,12 @@ def test_notebook_runs_clean_in_the_browser_and_records_the_librarys_numbers(nam
 
 
 def check_cluster(record: dict, run: Path) -> None:
-    from repro.cluster import readiness
-    from repro.cluster.facts import gather_facts
+    from repro.readiness import checks
+    from repro.readiness.facts import gather_facts
     from repro.recipes import load_recipe
 
     spec = load_recipe("tiny-cpu")
-    expected = readiness.results_as_dicts(readiness.run_checks(spec, gather_facts(spec)))
+    expected = checks.results_as_dicts(checks.run_checks(spec, gather_facts(spec)))
     assert [(r["check"], r["status"]) for r in record["checks"]] == [(r["check"], r["status"]) for r in expected]
     assert record["cpu_mode"] is True and record["failed"] is False and record["expected_gpus"] == 0
 

@@ -94,7 +94,7 @@ def optimizer_config(optim: OptimConfig, *, bf16: bool, distributed: bool, offlo
         "use_precision_aware_optimizer": distributed and (offload or moments != torch.float32),
         # BF16 moments as LumenRL's DSV4 config keeps them. megatron-core 0.16.1 hands these to the GPU Adam only:
         # its HybridDeviceOptimizer (optimizer_cpu_offload) builds torch's Adam without them, so offloaded moments
-        # stay fp32 there (repro.cluster.memory_budget counts them so)
+        # stay fp32 there (repro.readiness.memory_budget counts them so)
         "exp_avg_dtype": moments,
         "exp_avg_sq_dtype": moments,
     }

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from repro.recipes.backends import engine_of, trainer_of
 from repro.recipes.consistency import pipeline_stage_layers
 
 if TYPE_CHECKING:
@@ -65,10 +66,10 @@ def optimizer_bytes(recipe: "Recipe") -> OptimizerBytes:
     """
     actor = recipe.actor
     moment = 2 * DTYPE_BYTES[actor.optimizer_moment_dtype]
-    if actor.backend == "embedded":
+    if trainer_of(recipe).own_adamw:
         master = 0 if actor.dtype == "fp32" else 4
         return OptimizerBytes(master, 8, 8, 0, "repro AdamW (fp32 masters and moments)")
-    if recipe.engine == "lumenrl":
+    if engine_of(recipe).streamed_optimizer:
         return OptimizerBytes(4, moment, moment, 0,
                               f"LumenRL streamed optimizer (fp32 masters, {actor.optimizer_moment_dtype} moments)")
     return OptimizerBytes(4, moment, 8, 4, "megatron-core 0.16.1 distributed optimizer (offloaded share: fp32)")
@@ -151,7 +152,7 @@ def memory_budget(recipe: "Recipe", device_bytes: int | None = None, host_bytes:
     layers = pipeline_stage_layers(recipe.model.num_layers, actor.pipeline_parallel,
                                    actor.num_layers_in_first_pipeline_stage, actor.num_layers_in_last_pipeline_stage)
     offload = (actor.optimizer_offload_fraction if actor.optimizer_cpu_offload else 0.0) if not cpu else 1.0
-    grad_width = 4 if actor.backend == "megatron" else DTYPE_BYTES[actor.dtype]
+    grad_width = 4 if trainer_of(recipe).fp32_gradients else DTYPE_BYTES[actor.dtype]
     stages = []
     for stage, count in enumerate(layers):
         first, last = stage == 0, stage == len(layers) - 1
@@ -223,7 +224,7 @@ def format_budget(recipe: "Recipe", budget: MemoryBudget) -> str:
     largest = max([s.device_total for s in budget.stages] + [s.host_total for s in budget.stages])
     unit, scale = ("GB", 1e9) if largest >= 1e9 else ("MB", 1e6)  # a tiny model's budget in readable numbers
     head = f"{unit + ' per trainer rank (estimate)':<34}" + "".join(f"{f'stage {s.stage} ({s.layers} L)':>16}" for s in budget.stages)
-    lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; assumptions in repro/cluster/memory_budget.py",
+    lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; assumptions in repro/readiness/memory_budget.py",
              head, f"{'parameters held (millions)':<34}" + "".join(f"{s.parameters / 1e6:>16,.1f}" for s in budget.stages)]
     for place, attr in (("device", "device"), ("host", "host")):
         if not any(getattr(s, attr) for s in budget.stages):

@@ -1,4 +1,4 @@
-"""Gather the facts ``repro.cluster.readiness`` judges: Ray, torch's accelerator, versions, RDMA, env, disks.
+"""Gather the facts ``repro.readiness.checks`` judges: Ray, torch's accelerator, versions, RDMA, env, disks.
 
 Every probe degrades gracefully: a missing tool (rocminfo, amd-smi, ibv_devices), package (vLLM,
 megatron-core) or file leaves its fact at None/empty and the check says what could not be read. Nothing
@@ -20,8 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.readiness_types import NCCL_VARS, Facts, NodeFacts
 from repro.cluster.runtime import ensure_ray, shutdown_ray
+from repro.readiness.types import NCCL_VARS, Facts, NodeFacts
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe

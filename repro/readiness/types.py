@@ -1,6 +1,6 @@
-"""What ``repro check`` works with: the gathered facts (``Facts``, filled by ``repro.cluster.facts``), a check's
-result and its four verdicts. The checks (``readiness``, ``readiness_versions``), the gathering (``facts``) and the
-report (``readiness_report``) all build on this module and on nothing of each other's.
+"""What ``repro check`` works with: the gathered facts (``Facts``, filled by ``repro.readiness.facts``), a check's
+result and its four verdicts. The checks (``checks``, ``versions``), the gathering (``facts``) and the
+report (``report``) all build on this module and on nothing of each other's.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cluster.readiness_types import FAIL, PASS, SKIP, WARN, CheckResult, cpu_mode, kind_name
+from repro.readiness.types import FAIL, PASS, SKIP, WARN, CheckResult, cpu_mode, kind_name
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe

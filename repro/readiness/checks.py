@@ -1,7 +1,7 @@
 """`repro check`: is this machine (or Ray cluster) ready for a recipe? Pure checks over gathered facts.
 
 Each check is a function ``(recipe, facts) -> CheckResult`` that reads only its arguments, so every PASS /
-WARN / FAIL / SKIP can be tested with hand-made ``Facts``. ``repro.cluster.facts.gather_facts`` collects the
+WARN / FAIL / SKIP can be tested with hand-made ``Facts``. ``repro.readiness.facts.gather_facts`` collects the
 facts on the real machine (Ray, torch, rocminfo/amd-smi, /sys/class/infiniband, the environment, disks);
 ``check_cluster`` does both. In CPU mode (``cluster.gpus_per_node: 0``, the tiny recipe) the accelerator
 checks say SKIP instead of failing: nothing there needs a GPU.
@@ -12,17 +12,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from repro.cluster.facts import gather_facts
-from repro.cluster.memory_budget import checkpoint_bytes, memory_budget, optimizer_bytes
 from repro.cluster.placement import plan_placement
 from repro.cluster.runtime import LOCAL_OBJECT_STORE_BYTES
-# how results are shown and saved (readiness_report), the gathered facts and the verdicts (readiness_types) and the
-# version rows (readiness_versions) are re-exported: `repro check`, notebook 00 and the tests read them here
-from repro.cluster.readiness_report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: F401
-from repro.cluster.readiness_types import (  # noqa: F401
+from repro.readiness.facts import gather_facts
+from repro.readiness.memory_budget import checkpoint_bytes, memory_budget, optimizer_bytes
+# how results are shown and saved (report), the gathered facts and the verdicts (types) and the
+# version rows (versions) are re-exported: `repro check`, notebook 00 and the tests read them here
+from repro.readiness.report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: F401
+from repro.readiness.types import (  # noqa: F401
     CPU_MODE_SKIP, FAIL, NCCL_VARS, PASS, SKIP, WARN, Check, CheckResult, Facts, NodeFacts, cpu_mode, kind_name, skipped,
 )
-from repro.cluster.readiness_versions import (  # noqa: F401
+from repro.readiness.versions import (  # noqa: F401
     VERSION_CHECKS, check_lumenrl, check_megatron, check_platform, check_python, check_ray_version, check_torch,
     check_transformers, check_vllm,
 )
@@ -216,7 +216,7 @@ def check_disk(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 def optimizer_bytes_per_node(recipe: "Recipe") -> int:
     """Host RAM the busiest trainer node needs for its ranks' CPU-offloaded optimizer state: the number
-    `repro launch --dry-run` prints (``repro.cluster.memory_budget``)."""
+    `repro launch --dry-run` prints (``repro.readiness.memory_budget``)."""
     return max(memory_budget(recipe).node_host)
 
 
