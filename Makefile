@@ -100,12 +100,18 @@ ablations: $(STAMP)
 	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('14_ablations', '$(ABLATIONS)', {'out_dir': '$(ABLATIONS)'}, log_output=True)"
 
 # Notebook 15, not part of `make repro`: the mismatch by numeric source and by response position on one fixed batch
-# of $(SOURCES_RECIPE) (tiny-cpu or tiny-cpu-long), R3 on and off.
+# of $(SOURCES_RECIPE) (tiny-cpu or tiny-cpu-long), R3 on and off; its attribution by position and the reload-fault
+# table. SOURCES_MODEL: a model folder to study instead of the recipe's (e.g. a run's checkpoint, made by
+# repro.analysis.mismatch_attribution.checkpoint_model); SOURCES_STALE: where the stale-experts fault takes its
+# experts from (empty: that row is left out); SOURCES_RUNS: label:dir,... runs whose position buckets are tabled.
 SOURCES_DIR    ?= runs/mismatch-sources
 SOURCES_RECIPE ?= tiny-cpu-long
+SOURCES_MODEL  ?=
+SOURCES_STALE  ?=
+SOURCES_RUNS   ?=
 .PHONY: mismatch-sources
 mismatch-sources: $(STAMP)
-	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('15_mismatch_sources', '$(SOURCES_DIR)', {'out_dir': '$(SOURCES_DIR)', 'recipe': '$(SOURCES_RECIPE)'}, log_output=True)"
+	$(PY) -c "from repro.notebooks import execute_notebook; execute_notebook('15_mismatch_sources', '$(SOURCES_DIR)', {'out_dir': '$(SOURCES_DIR)', 'recipe': '$(SOURCES_RECIPE)', 'model_dir': '$(SOURCES_MODEL)', 'stale_dir': '$(SOURCES_STALE)', 'run_dirs': '$(SOURCES_RUNS)'}, log_output=True)"
 
 # Browser lane: JupyterLab started as `make lab` starts it, driven by Playwright for Python through Debian's
 # Chromium (no browser download: playwright's own `install` step is never run). Its own venv: the lock plus

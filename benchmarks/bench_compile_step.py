@@ -70,7 +70,7 @@ def main() -> None:
 
     from repro.model import layouts
     from repro.model.hyper_connection import use_entrywise_hyper_connections
-    from repro.train.embedded import cast_for_training
+    from repro.train.precision import cast_for_training
 
     model, _ = load_checkpoint(ensure_warm_checkpoint())
     model = cast_for_training(model, args.dtype, keep_fp32=layouts.keeps_fp32)  # as the embedded trainer runs it

@@ -64,7 +64,7 @@ _EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts)\.local_experts\.(\d
 def _rank(rank: int, port: int, layout: str, layers: int, bucket_mb: int, out: str, stack: bool) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from repro.sync import pack_buckets
+    from repro.sync.stream import pack_buckets
     from repro.train.megatron.parallel import ensure_model_parallel, init_distributed_from_env
     from repro.train.megatron.tiny import TinyGPTMoE, build_tiny_gpt_moe
     from repro.train.megatron.trainer import MegatronTrainer

@@ -6,7 +6,7 @@ MEASURED: a synthetic DeepSeek-V4-shaped checkpoint (release tensor names and dt
 with every dimension >= 32 scaled by 8: hidden 1024, 8 experts of 1024x1024 per layer, a 32768-token vocab;
 ``--layers 30`` makes 2.2 GB of BF16, FP32 where the release keeps FP32) is written as safetensors under /tmp
 and deleted after. Two trainer processes and two rollout processes run repro's sync (``repro.sync``,
-``repro.sync_group``, gloo over loopback), twice per layout:
+``repro.sync.group``, gloo over loopback), twice per layout:
 
 * PP2: each trainer rank holds one pipeline stage (half the layers; embed on the first, head on the last)
   and streams its own layers on its own sync group; each receiver takes stage 0's stream, then stage 1's.
@@ -140,8 +140,8 @@ def pp_stage(spec, stage: int, layers: int) -> list[str]:
 def trainer_process(role: dict, queue) -> None:
     import torch.distributed as dist
 
-    from repro.sync import pack_buckets
-    from repro.sync_group import SyncAddress, SyncGroup
+    from repro.sync.stream import pack_buckets
+    from repro.sync.group import SyncAddress, SyncGroup
 
     torch.set_num_threads(1)
     folder, spec, rank = Path(role["folder"]), role["spec"], role["rank"]
@@ -194,8 +194,8 @@ def trainer_process(role: dict, queue) -> None:
 
 
 def receiver_process(role: dict, queue) -> None:
-    from repro.sync import verified_stream
-    from repro.sync_group import SyncAddress, SyncGroup, receive_all
+    from repro.sync.stream import verified_stream
+    from repro.sync.group import receive_all, SyncAddress, SyncGroup
 
     torch.set_num_threads(1)
     spec = role["spec"]
@@ -220,7 +220,7 @@ def receiver_process(role: dict, queue) -> None:
 
 
 def run_layout(layout: str, folder: Path, spec, layers: int, bucket_bytes: int) -> list[dict]:
-    from repro.sync_group import free_address
+    from repro.sync.group import free_address
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -272,7 +272,7 @@ def crc32_gbps(megabytes: int = 256) -> float:
 
 def checksum_gbps(megabytes: int = 256) -> float:
     """repro.sync.payload_checksum (int64 words mod 2^64, a torch reduction) on one CPU thread."""
-    from repro.sync import payload_checksum
+    from repro.sync.stream import payload_checksum
 
     data = torch.randint(0, 256, (megabytes << 20,), dtype=torch.uint8)
     threads = torch.get_num_threads()

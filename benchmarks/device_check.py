@@ -13,7 +13,7 @@ runs/device_check); the exit code is 1 if any check FAILed.
    GPU-count FAIL is expected; the accelerator, architecture, FP8 format and versions rows are what to read).
 2. The tiny DeepSeek-V4 forward on the GPU against the CPU (fp32 logits agree to 1e-3) and block-FP8
    quantisation on the GPU bit-identical to the CPU's, for the format this GPU computes in.
-3. repro's own streaming weight sync (``repro.sync``/``repro.sync_group``) over NCCL from a trainer process into a
+3. repro's own streaming weight sync (``repro.sync``/``repro.sync.group``) over NCCL from a trainer process into a
    vLLM worker on the GPU (tiny Qwen3-MoE, twice: a changed policy, then the original back, whose samples must
    equal the first ones), timed, with block-FP8 quantisation's GB/s on the GPU. NCCL refuses two ranks on one
    GPU ("Duplicate GPU"): with one GPU the trainer's NCCL send is tried, that refusal reported, and the same
@@ -117,8 +117,8 @@ def send_checkpoint(address: dict, model_dir: str, versions: list[int], scale: l
     """The trainer's side of step 4 (its own process): the tiny checkpoint, lm_head scaled per version, streamed
     on a sync group of its own as rank 0. Also run with gloo on the CPU by tests/test_device_check_sync.py."""
     from repro.model.tiny_qwen3_moe import checkpoint_tensors
-    from repro.sync import pack_buckets
-    from repro.sync_group import SyncAddress, SyncGroup
+    from repro.sync.stream import pack_buckets
+    from repro.sync.group import SyncAddress, SyncGroup
 
     group = SyncGroup(SyncAddress(**address), 0, device)
     for version, factor in zip(versions, scale):
@@ -139,8 +139,9 @@ def step_streaming_sync(out: Path) -> tuple[str, str]:
     from repro.fp8.quant import quantize_block
     from repro.model.tiny_qwen3_moe import BOS_ID, EOS_ID, build_tiny_qwen3_moe
     from repro.rollout.types import SamplingParams
-    from repro.rollout.vllm_engine import WORKER_EXTENSION, VLLMEngine
-    from repro.sync_group import free_address
+    from repro.rollout.vllm_args import WORKER_EXTENSION
+    from repro.rollout.vllm_engine import VLLMEngine
+    from repro.sync.group import free_address
 
     w = torch.randn(8192, 8192, device="cuda").bfloat16()
     quantize_block(w, "e4m3fn")
@@ -167,7 +168,7 @@ def step_streaming_sync(out: Path) -> tuple[str, str]:
                 address, str(model_dir), [1, 2], [2.0, 1.0], device if backend == "nccl" else "cpu"))
             sender.start()
             try:
-                from repro.sync_group import SyncAddress
+                from repro.sync.group import SyncAddress
 
                 started = time.perf_counter()
                 changed = engine.receive_from_groups([SyncAddress(**address)], version=1)

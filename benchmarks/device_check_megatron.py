@@ -76,7 +76,7 @@ def _model_and_optimizer(seed: int):
     import torch
 
     from repro.recipes import load_recipe
-    from repro.train.embedded import cast_for_training
+    from repro.train.precision import cast_for_training
     from repro.train.megatron.config import ddp_config, megatron_layout
     from repro.train.megatron.optimizers import MegatronAdamW
     from repro.train.megatron.tiny import build_tiny_gpt_moe

@@ -73,7 +73,7 @@ def step_vllm_engine_sync(out: Path) -> tuple[str, str]:
     from repro.rollout.types import SamplingParams
     from repro.rollout.vllm_engine import VLLMEngine
     from repro.rollout.vllm_transfer import packed_buckets, transfer_address
-    from repro.sync_group import free_address
+    from repro.sync.group import free_address
 
     nccl = torch.cuda.device_count() > 1
     model_dir = build_tiny_qwen3_moe(out / "tiny-qwen3-moe-transfer", seed=0)

@@ -3,6 +3,9 @@
 and import nothing of each other; both plan a run directory into a ``RunPlan`` and hand back a ``RunOutcome``
 (``repro.run.plan``).
 
+What each engine can do is declared beside the trainer and rollout backends' (``repro.recipes.backends.ENGINES``,
+read by recipe validation, the sinks and the analysis); each entry here carries it.
+
 ``run_recipe`` is the one entry point to a run: ``repro run``, ``repro smoke``, ``repro launch``, the ablations and
 the notebooks 02/03 all call it (or ``plan_run`` then ``run_planned``, to show the plan first).
 """
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 from repro.lumenrl.run import plan_lumenrl_run, run_lumenrl
+from repro.recipes.backends import ENGINES as CAPABILITIES, EngineCapabilities
 from repro.recipes.schema import Recipe
 from repro.run.plan import RunOutcome, RunPlan
 from repro.run.start import plan_repro_run, run_repro
@@ -34,11 +38,12 @@ class RunPlanned(Protocol):
 class Engine:
     plan: PlanRun     # reads the run directory (resume from which checkpoint), changes nothing
     run: RunPlanned   # runs the plan to the recipe's last step
+    capabilities: EngineCapabilities
 
 
 ENGINES: dict[str, Engine] = {
-    "repro": Engine(plan_repro_run, run_repro),
-    "lumenrl": Engine(plan_lumenrl_run, run_lumenrl),
+    "repro": Engine(plan_repro_run, run_repro, CAPABILITIES["repro"]),
+    "lumenrl": Engine(plan_lumenrl_run, run_lumenrl, CAPABILITIES["lumenrl"]),
 }
 
 

@@ -34,9 +34,14 @@ IS_FRACTION_HIGH = "rollout_corr/rollout_is_ratio_fraction_high"
 
 # -- the update (repro.train: verl's actor/* names)
 LOSS = "actor/loss"
-GRAD_NORM = "actor/grad_norm"
+GRAD_NORM = "actor/grad_norm"              # global norm before clipping
 ENTROPY = "actor/entropy"
 LR = "actor/lr"
+PG_CLIPFRAC = "actor/pg_clipfrac"
+PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
+PPO_KL = "actor/ppo_kl"
+ROWS_SKIPPED_ZERO_ADV = "actor/num_rows_skipped_zero_adv"  # a count: summed over a step's updates
+MICRO_BATCHES = "actor/micro_batches"                      # a count: summed over a step's updates
 
 # -- weight sync
 SYNC_GBPS = "weight_sync/gbps"

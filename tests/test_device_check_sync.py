@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from repro.model.tiny_qwen3_moe import build_tiny_qwen3_moe, checkpoint_tensors
-from repro.sync import verified_stream
-from repro.sync_group import SyncAddress, SyncGroup, free_address, receive_all
+from repro.sync.stream import verified_stream
+from repro.sync.group import free_address, receive_all, SyncAddress, SyncGroup
 
 _spec = importlib.util.spec_from_file_location(
     "device_check", Path(__file__).resolve().parents[1] / "benchmarks" / "device_check.py")

@@ -123,6 +123,6 @@ def test_the_ray_layer_stands_on_errors_alone_and_the_checks_stand_on_it():
     readiness = {m for m in graph if m.split(".")[:2] == ["repro", "readiness"]}
     assert len(readiness) == 8
     assert set().union(*(graph[m] for m in readiness)) - readiness == {
-        "repro.cluster.placement", "repro.cluster.runtime", "repro.recipes.consistency"}
+        "repro.cluster.placement", "repro.cluster.runtime", "repro.recipes.backends", "repro.recipes.consistency"}
     launch = {"repro.cluster.placement", "repro.cluster.runtime", "repro.readiness.memory_budget"}
     assert launch <= graph["repro.run.launch"]

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from repro.algos.metrics import position_metrics
+from repro.analysis import mismatch_attribution as ma
+from repro.analysis import mismatch_faults as mf
 from repro.analysis import mismatch_sources as ms
 from repro.metric_keys import POSITION_BUCKET_EDGES, position_key
 from repro.notebooks import CHAIN, NOTEBOOKS_DIR, declared_parameters, execute_notebook, notebook_parameters
@@ -67,7 +69,8 @@ def test_notebook_15_declares_its_parameters_and_stays_out_of_the_chain():
 
 @pytest.mark.slow
 def test_notebook_records_what_the_library_measures(tmp_path):
-    params = {"out_dir": str(tmp_path), "recipe": "tiny-cpu", "prompts": 2, "n": 2, "seeds": [0], "bucket_width": 4}
+    params = {"out_dir": str(tmp_path), "recipe": "tiny-cpu", "prompts": 2, "n": 2, "seeds": [0], "bucket_width": 4,
+              "study_prompts": 1, "study_seeds": [0]}
     results = execute_notebook(NAME, tmp_path, params)
     assert results["kernel_python"] == sys.executable
     expected = ms.measure_seeds("tiny-cpu", 2, 2, [0], 4)
@@ -80,3 +83,17 @@ def test_notebook_records_what_the_library_measures(tmp_path):
     assert sum(r["tokens"] for r in results["position_rows"] if r["config"] == "weights only" and r["r3"] == "on") == tokens
     assert results["summary"] == ms.summary_frame(expected["summary"]).to_dict(orient="records")
     assert (tmp_path / "figures" / "mismatch_by_position.svg").is_file()
+    # the attribution and fault sections (issue 31): what the library gives, each row the one it names
+    attribution = ma.attribute_seeds("tiny-cpu", 1, 2, [0], 4)
+    assert results["attribution_rows"] == attribution["summary"]
+    assert results["attribution_positions"] == attribution["positions"]
+    rows = {r["config"]: r for r in results["attribution_rows"]}
+    assert list(rows) == [a.label for a in ma.ATTRIBUTION]
+    # replaying changes what the trainer forwards, not what its own indexer / router would choose
+    assert rows["all on, indexer replayed"]["indexer_disagree"] == rows["all on (the run)"]["indexer_disagree"]
+    assert rows["all on, R3 off"]["routing_flip"] == rows["all on (the run)"]["routing_flip"]
+    assert (tmp_path / "figures" / "mismatch_attribution.svg").is_file() and results["run_positions"] == {}
+    faults = [f for f in mf.FAULTS if not f.stale_experts]  # stale_dir empty: that row is left out
+    assert results["fault_rows"] == mf.measure_faults("tiny-cpu", 1, 2, [0], faults=tuple(faults))
+    changed = {r["fault"]: r["tensors_changed"] for r in results["fault_rows"]}
+    assert [changed[f.label] for f in faults] == [0, 0, 0, 42, 2, 4, 1, 12, 1]

@@ -18,7 +18,8 @@ from repro.model.tiny import build_tiny_model
 from repro.model.tiny_release import write_checkpoint
 from repro.model.tokenizer import build_tiny_tokenizer
 from repro.rollout.embedded import EmbeddedEngine, RolloutError
-from repro.sync import apply_stream, pack_buckets
+from repro.sync.apply import apply_stream
+from repro.sync.stream import pack_buckets
 from repro.train.embedded import EmbeddedTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

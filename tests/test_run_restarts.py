@@ -32,7 +32,7 @@ ROLLOUT, TRAINER = "rollout worker 0", "trainer worker 0"
 KILLS = {
     3: (ROLLOUT, "ray::RolloutWorker.generate", "generate"),
     5: (TRAINER, "ray::TrainerWorker.scored_train_step", "scored_train_step"),
-    7: (TRAINER, "ray::TrainerWorker.send_weights", "weight sync"),
+    7: (TRAINER, "ray::TrainerWorker.broadcast_weights", "weight sync"),
     9: (ROLLOUT, "ray::RolloutWorker.generate", "generate"),
 }
 
@@ -66,7 +66,7 @@ class Killer:
 
         workers = {w["name"]: w for w in current_workers(run_dir)}
         self.process = psutil.Process(workers[worker]["pid"])
-        self.peer = psutil.Process(workers[ROLLOUT]["pid"]) if title.endswith("send_weights") else None
+        self.peer = psutil.Process(workers[ROLLOUT]["pid"]) if title.endswith("broadcast_weights") else None
         self.title, self.seen, self.done = title, None, threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
@@ -119,7 +119,7 @@ def test_a_run_that_loses_its_rollout_twice_and_its_trainer_twice_restarts_and_e
 
     monkeypatch.setattr(loop, "generate_rollouts", killing(".generate", generate, lambda a: a[2]))
     monkeypatch.setattr(loop, "update_policy", killing(".scored_train_step", real_update, lambda a: at["step"]))
-    monkeypatch.setattr(loop, "sync_weights", killing(".send_weights", real_sync, lambda a: a[2]))
+    monkeypatch.setattr(loop, "sync_weights", killing(".broadcast_weights", real_sync, lambda a: a[2]))
     said = []
     recipe = load_recipe("tiny-cpu", [*FAULT_RUN, "checkpoint.max_restarts=4"], steps=BASELINE_STEPS)
     run_recipe(recipe, tmp_path, say=said.append)

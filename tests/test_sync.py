@@ -11,10 +11,10 @@ from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tin
 from repro.rollout.embedded import EmbeddedEngine, RolloutError
 from repro.rollout.fp8_view import FP8WeightView
 from repro.rollout.types import SamplingParams
-from repro.sync import (
-    BucketHeader, SyncError, apply_stream, pack_buckets, payload_checksum, unpack, verified_stream,
-)
-from repro.sync_group import SyncAddress, SyncGroup, free_address, receive_all
+from repro.sync.apply import apply_stream
+from repro.sync.errors import SyncError
+from repro.sync.stream import BucketHeader, pack_buckets, payload_checksum, unpack, verified_stream
+from repro.sync.group import free_address, receive_all, SyncAddress, SyncGroup
 
 PARAMS = SamplingParams(n=1, max_new_tokens=3, seed=1)
 PROMPT = [[BOS_TOKEN_ID, 5, 10]]

@@ -6,7 +6,7 @@ import pytest
 
 from repro.errors import ReproError
 from repro.recipes import load_recipe
-from repro.rollout.vllm_engine import (CLUSTER_PINS, WORKER_EXTENSION, VLLMConfigError, engine_args_from_recipe)
+from repro.rollout.vllm_args import CLUSTER_PINS, WORKER_EXTENSION, VLLMConfigError, engine_args_from_recipe
 
 
 def test_cluster_recipe_serves_block_fp8_with_tp8():
@@ -38,7 +38,7 @@ def test_bf16_rollout_and_no_routing_replay():
 def test_fp4_experts_are_refused_on_gfx942_only(tmp_path):
     """The official release's MXFP4 experts: no FP4 kernels on MI308X; FP8 experts or another GPU are fine."""
     from repro.fp8.official import OFFICIAL_CONFIG_KEYS
-    from repro.rollout.vllm_engine import check_servable
+    from repro.rollout.vllm_args import check_servable
 
     config = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", **OFFICIAL_CONFIG_KEYS}
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -7,12 +7,13 @@ import torch
 
 from repro.model.served import ServedWeights, TensorSpec
 from repro.recipes import load_recipe
-from repro.rollout.vllm_engine import engine_args_from_recipe, sync_senders, uses_vllm_transfer
+from repro.recipes.backends import sync_senders
+from repro.rollout.vllm_args import engine_args_from_recipe, uses_vllm_transfer
 from repro.rollout.vllm_transfer import (
     TransferAddress, check_against_served, checked_stream, packed_buckets, transfer_address, update_info,
     worker_init_info,
 )
-from repro.sync import SyncError
+from repro.sync.errors import SyncError
 
 SERVED = ServedWeights("state_dict", {"a": TensorSpec((2, 3), torch.bfloat16), "b": TensorSpec((4,), torch.float32),
                                       "mtp.x": TensorSpec((1,), torch.bfloat16)}, "test", mtp=["mtp.x"])
@@ -98,7 +99,7 @@ def test_the_embedded_trainers_export_order_is_the_update_info_it_announces(tmp_
     served = served_from_folder(model_dir)
     assert isinstance(address, TransferAddress) and address.names == tuple(served.synced)
     assert address.bucket_bytes == recipe.weight_sync.bucket_mb << 20 and address.receivers == 1
-    sent = list(checked_stream(trainer._sent_weights(), address, 1))
+    sent = list(checked_stream(trainer.trainer.sync_weights(), address, 1))
     assert [n for n, _ in sent] == list(address.names)
     assert sum(t.numel() * t.element_size() for _, t in sent) == address.nbytes
 
@@ -107,5 +108,5 @@ def test_the_embedded_trainers_export_order_is_the_update_info_it_announces(tmp_
             return got, version
 
     rollout = RolloutWorker.__new__(RolloutWorker)
-    rollout.engine = Recorder()
-    assert rollout.receive_weights([address], 4) == (address, 4)
+    rollout.engine, rollout.joined = Recorder(), None
+    assert rollout.receive_weights(address, 4) == (address, 4)

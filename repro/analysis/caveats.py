@@ -11,6 +11,7 @@ from __future__ import annotations
 from repro.analysis import formats, summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, THROUGHPUT, RunFrames
 from repro.metric_keys import POSITION_KEYS, timing_key
+from repro.recipes.backends import engine_of
 from repro.reference import amd_reference, amd_value
 
 AMD_STEPS = int(amd_value("steps"))
@@ -74,7 +75,7 @@ def rollout_logprobs(frames: RunFrames) -> str | None:
     """Which log-prob of each sampled token the source's rollout returned: "raw" (log_softmax(logits), T = 1: vLLM's
     default raw_logprobs, which AMD's run used -- LumenRL sets no logprobs_mode), "processed" (log_softmax(logits / T),
     the distribution sampled from), or None when the source does not say (an export of someone's run)."""
-    if frames.kind == "lumenrl" or (frames.recipe is not None and frames.recipe.engine == "lumenrl"):
+    if frames.kind == "lumenrl" or (frames.recipe is not None and engine_of(frames.recipe).rollout_logprobs == "raw"):
         return "raw"
     if frames.recipe is not None:
         # a run dir written before the field existed reads as "processed", what repro's engines then returned

@@ -23,6 +23,7 @@ from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots an
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
 from repro.recipes import validate_recipe
+from repro.recipes.backends import engine_of
 from repro.recipes.earlier import EARLIER_CONVENTIONS, EARLIER_IS_METRICS_NOTE, fill_earlier_conventions
 from repro.recipes.schema import Recipe
 
@@ -178,7 +179,7 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     path = run_dir / METRICS_FILE
     recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
-    if recipe.engine == "lumenrl":  # rows streamed from LumenRL's log: its key origins and step-time convention
+    if engine_of(recipe).streams_log:  # rows streamed from LumenRL's log: its key origins and step-time convention
         about = streamed_about(run_dir)
     frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
     frames.notes.extend(earlier_notes(filled))

@@ -53,7 +53,9 @@ import pandas as pd
 
 from repro.analysis.frame import (ACCURACY, SCORE, STEP_SECONDS, THROUGHPUT, MetricsError, RunFrames,
                                   frames_from_rows, read_jsonl)
-from repro.metric_keys import EVAL_AVG_PREFIX, EVAL_SECONDS, GENERATED_TOKENS, RESPONSE_LENGTH, timing_key
+from repro.metric_keys import (
+    ENTROPY, EVAL_AVG_PREFIX, EVAL_SECONDS, GENERATED_TOKENS, GRAD_NORM, LOSS, LR, RESPONSE_LENGTH, timing_key,
+)
 
 SYNONYMS: dict[str, tuple[str, ...]] = {
     timing_key("rollout"): ("timing_s/gen", "timing/gen_s"),
@@ -62,10 +64,10 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     timing_key("sync"): ("timing_s/update_weights", "timing/weight_sync_s"),
     EVAL_SECONDS: ("timing_s/testing",),
     STEP_SECONDS: ("timing/step_s",),
-    "actor/loss": ("actor/pg_loss", "loss"),
-    "actor/grad_norm": ("grad_norm",),
-    "actor/entropy": ("entropy",),
-    "actor/lr": ("lr",),
+    LOSS: ("actor/pg_loss", "loss"),  # the right-hand names are other logs' spellings, not ours
+    GRAD_NORM: ("grad_norm",),
+    ENTROPY: ("entropy",),
+    LR: ("lr",),
     SCORE: ("reward/mean",),
     RESPONSE_LENGTH: ("seq/mean_response_len",),
     THROUGHPUT: ("throughput/gen_tok_per_s",),

@@ -200,12 +200,18 @@ def measure_seeds(recipe: str | Recipe, prompts: int, n: int, seeds: list[int], 
     """``measure_sources`` for every seed, the rows concatenated (``decode_gap``: one per seed). torch runs on one
     thread meanwhile: another thread count sums in another order, and the FP8 roundings turn that into different
     numbers, so the notebook's kernel and a test's process would not agree bit for bit."""
+    return over_seeds(lambda seed: measure_sources(recipe, prompts, n, seed, bucket_width, model_dir), seeds)
+
+
+def over_seeds(measure, seeds: list[int]) -> dict:
+    """``measure(seed)`` for every seed on one torch thread, its ``summary`` / ``positions`` / ``lumenrl_buckets``
+    rows concatenated and its ``decode_gap`` listed, one per seed."""
     out = {"summary": [], "positions": [], "lumenrl_buckets": [], "decode_gap": []}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for seed in seeds:
-            one = measure_sources(recipe, prompts, n, seed, bucket_width, model_dir)
+            one = measure(seed)
             for key in ("summary", "positions", "lumenrl_buckets"):
                 out[key] += one[key]
             out["decode_gap"].append(one["decode_gap"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from repro import metric_keys as K
 from repro.run.metrics_log import MetricsLog
 from repro.recipes import dump_recipe, load_recipe
 
@@ -43,9 +44,9 @@ def _train_rows(rng: np.random.Generator, steps: int, trajectories: int, group: 
             "rollout_corr/rollout_is_mean": float(1.0 + rng.normal(0, 0.01)),
             "rollout_corr/rollout_is_eff_sample_size": float(ess[i]),
             "rollout_corr/rollout_is_ratio_fraction_high": float(rng.random() * 0.05),
-            "actor/loss": float(rng.normal(0, 0.02)), "actor/grad_norm": float(abs(rng.normal(0.5, 0.1))),
-            "actor/entropy": float(abs(rng.normal(0.6, 0.05))), "actor/pg_clipfrac": float(rng.random() * 0.01),
-            "actor/ppo_kl": float(abs(rng.normal(0, 1e-4))), "actor/lr": 1.0e-4,
+            K.LOSS: float(rng.normal(0, 0.02)), K.GRAD_NORM: float(abs(rng.normal(0.5, 0.1))),
+            K.ENTROPY: float(abs(rng.normal(0.6, 0.05))), K.PG_CLIPFRAC: float(rng.random() * 0.01),
+            K.PPO_KL: float(abs(rng.normal(0, 1e-4))), K.LR: 1.0e-4,
             "weight_sync/gbps": float(0.5 + rng.random() * 0.1), "weight_sync/seconds": timing["sync"],
             "weight_sync/bytes": 9_000_000, "weight_sync/buckets": 9, "weight_sync/version": i + 1,
             **{f"timing_s/{phase}": float(s) for phase, s in timing.items()},

@@ -36,7 +36,7 @@ LOCAL_INSTANCE_ENV = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
-# The object store carries batches and results (weights go over the sync's own groups, repro.sync_group);
+# The object store carries batches and results (weights go over the sync's own groups, repro.sync.group);
 # Ray's default (30% of RAM) would claim ~7 GB of /dev/shm on a shared laptop.
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
 JOIN_PROBE_TIMEOUT_S = 5.0

@@ -22,6 +22,7 @@ from repro.commands import run as run_command
 from repro.lumenrl.launch import LumenRLError, checkout_problems
 from repro.readiness import facts
 from repro.recipes import list_recipes, load_recipe
+from repro.recipes.backends import engine_of
 from repro.run.launch import (
     LaunchError, dry_run, format_dry_run, format_memory_budget, launch_blockers, simulated_dry_run, unplaced_rows,
 )
@@ -66,7 +67,7 @@ def _with_address(recipe):
 
 def run(args) -> int:
     recipe = load_recipe(args.recipe, list(args.overrides))
-    if recipe.engine == "lumenrl":
+    if not engine_of(recipe).own_loop:  # LumenRL launches its own job
         return launch_lumenrl(args)
     if args.dry_run or args.simulate:
         if args.simulate:

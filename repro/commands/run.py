@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.recipes import list_recipes, load_recipe
+from repro.recipes.backends import engine_of
 from repro.run.progress import progress_bar
 
 
@@ -49,7 +50,7 @@ def run_records(recipe) -> list[str]:
     """What the run directory holds for a reader, as the recipe's tracking section decided."""
     tracking = recipe.tracking
     records = ["metrics.jsonl", "metrics.parquet", "eval/", "checkpoints/"]
-    records += ["rollouts/ (repro rollouts RUN --step N)"] if tracking.rollouts and recipe.engine == "repro" else []
+    records += ["rollouts/ (repro rollouts RUN --step N)"] if tracking.rollouts and engine_of(recipe).own_loop else []
     records += ["tensorboard/"] if tracking.tensorboard else []
     records += [f"wandb/ ({tracking.wandb.mode})"] if tracking.wandb.enabled else []
     return records

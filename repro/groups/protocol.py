@@ -6,19 +6,21 @@ actors that hold those same workers, one per trainer rank and one per rollout re
 (``repro.run.loop``) and its steps see only these two protocols.
 
 Weight sync is two calls (``repro.sync``): ``trainer.send_weights(version)`` starts the trainer's side and returns
-a handle to what it sends (the lazy bucket stream in this process; on Ray, the addresses of the senders' own
-collective groups, ``repro.sync_group``); ``rollout.receive_weights(sent, version)`` checks and applies the
-buckets one by one as they arrive. No rollout generates from a half-applied update: the engine refuses to
-generate from the first bucket until the last is applied, and after a failed sync until a complete one succeeds.
+what it sends (``repro.sync.handoff``: the lazy bucket stream, ``LocalStream``, in this process; on Ray a
+``RemoteSend``: the senders' own collective groups or vLLM's transfer group, and the calls under way);
+``rollout.receive_weights(sent, version)`` checks and applies the buckets one by one as they arrive. No rollout
+generates from a half-applied update: the engine refuses to generate from the first bucket until the last is
+applied, and after a failed sync until a complete one succeeds.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from repro.rollout.types import RolloutResult, SamplingParams
-from repro.sync import SyncStats
+from repro.sync.apply import SyncStats
+from repro.sync.handoff import LocalStream, RemoteSend
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
 
@@ -35,9 +37,10 @@ class TrainerGroup(Protocol):
 
     def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
         """One update on ``batch`` (no ``old_logprobs``), pi_old from its own forward: (pi_old, metrics). Only
-        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the embedded trainer)."""
+        where ``repro.train.grpo_update.old_logprobs_from_update`` holds (the backend can,
+        ``repro.recipes.backends``)."""
 
-    def send_weights(self, version: int) -> Any:
+    def send_weights(self, version: int) -> LocalStream | RemoteSend:
         """Start sending every weight, tagged ``version``; the result goes to ``RolloutGroup.receive_weights``."""
 
     def save(self, directory: Path) -> Path:
@@ -54,6 +57,6 @@ class RolloutGroup(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         """``params.n`` responses per prompt, prompt-major, with log-probs (and routing, for R3)."""
 
-    def receive_weights(self, sent: Any, version: int) -> SyncStats:
+    def receive_weights(self, sent: LocalStream | RemoteSend, version: int) -> SyncStats:
         """Check and apply, bucket by bucket, what ``send_weights`` sent (FP8 re-quantised); a failure raises and
         leaves the engine refusing to generate until a complete sync succeeds."""

@@ -5,7 +5,7 @@ Trainer calls go to every rank at once (SPMD: a Megatron step is a collective) a
 ranks compute the same result (the trainer broadcasts what only the last pipeline stage has). A batch is put in
 the object store once for all ranks. Weight sync: on the first sync each sending rank names a free port on its
 node (``sync_address``); ``send_weights`` starts every rank's send without waiting and returns those addresses,
-and the rollout actor joins each sender's collective group (``repro.sync_group``) and receives the buckets
+and the rollout actor joins each sender's collective group (``repro.sync.group``) and receives the buckets
 there. Ray carries only the addresses and the calls; the weights never pass through the object store or the
 driver.
 
@@ -25,10 +25,13 @@ from repro.cluster.placement import ROLLOUT, TRAINER, Placement
 from repro.errors import ReproError
 from repro.groups.ray_actors import start_actor, wait_all
 from repro.groups.workers import RolloutWorker, TrainerWorker
+from repro.recipes.backends import trainer_of
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
-from repro.sync import SyncStats
-from repro.sync_group import SyncAddress
+from repro.sync.apply import SyncStats
+from repro.rollout.vllm_transfer import TransferAddress
+from repro.sync.group import SyncAddress
+from repro.sync.handoff import RemoteSend, remote_source
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
 from repro.train.threads import worker_thread_env
@@ -40,7 +43,7 @@ class RayTrainerGroup:
 
     ranks: list[Any]  # actor handles of TrainerWorker, rank order
     timeout_s: float | None = None
-    sync_addresses: list[SyncAddress | None] | None = None  # per rank, asked on the first sync
+    sync_addresses: list[SyncAddress | TransferAddress | None] | None = None  # per rank, asked on the first sync
 
     @property
     def names(self) -> list[str]:
@@ -75,29 +78,20 @@ class RayTrainerGroup:
         return wait_all([r.scored_train_step.remote(batch) for r in self.ranks], self.names, "scored_train_step",
                         self.timeout_s)[0]
 
-    def send_weights(self, version: int) -> "RaySend":
-        """Started on every rank (senders broadcast on their sync groups, the others help gather): the senders'
-        group addresses, and the calls, which must finish too."""
+    def send_weights(self, version: int) -> RemoteSend:
+        """Started on every rank (senders broadcast on their sync groups, the others help gather): where the
+        rollout receives from, and the calls, which must finish too."""
         if self.sync_addresses is None:
             self.sync_addresses = wait_all([r.sync_address.remote() for r in self.ranks], self.names, "sync_address",
                                            self.timeout_s)
-        refs = [r.send_weights.remote(version, address) for r, address in zip(self.ranks, self.sync_addresses)]
-        return RaySend([a for a in self.sync_addresses if a is not None], refs, self.names)
+        refs = [r.broadcast_weights.remote(version, address) for r, address in zip(self.ranks, self.sync_addresses)]
+        return RemoteSend(remote_source([a for a in self.sync_addresses if a is not None]), refs, self.names)
 
     def save(self, directory: Path) -> Path:
         return Path(wait_all([r.save.remote(str(directory)) for r in self.ranks], self.names, "save", self.timeout_s)[0])
 
     def load(self, directory: Path) -> None:
         wait_all([r.load.remote(str(directory)) for r in self.ranks], self.names, "load", self.timeout_s)
-
-
-@dataclass(frozen=True)
-class RaySend:
-    """A weight send under way: where each sender's sync group meets, and every trainer rank's send call."""
-
-    addresses: list  # SyncAddress per sender, or one vllm_transfer.TransferAddress
-    calls: list[Any]
-    call_names: list[str]
 
 
 @dataclass
@@ -118,9 +112,9 @@ class RayRolloutGroup:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
         return wait_all([self.actor.generate.remote(prompts, params)], [self.name], "generate", self.timeout_s)[0]
 
-    def receive_weights(self, sent: RaySend, version: int) -> SyncStats:
+    def receive_weights(self, sent: RemoteSend, version: int) -> SyncStats:
         """Receive on the senders' groups while they send; the first side to fail raises, naming itself."""
-        received = self.actor.receive_weights.remote(sent.addresses, version)
+        received = self.actor.receive_weights.remote(sent.source, version)
         return wait_all([received, *sent.calls], [self.name, *sent.call_names], "weight sync", self.timeout_s)[0]
 
 
@@ -188,7 +182,7 @@ def check_group_sizes(recipe: Recipe) -> None:
             f"rollout.num_replicas={recipe.rollout.num_replicas}: one rollout replica is started (AMD runs one TP8 "
             "vLLM replica); several replicas need a request router in front of them, not built"
         )
-    if recipe.actor.backend == "embedded" and recipe.actor.num_workers != 1:
+    if trainer_of(recipe).one_worker and recipe.actor.num_workers != 1:
         raise ReproError(
             f"actor.num_workers={recipe.actor.num_workers}: the embedded trainer is one process; several trainer "
             "ranks need actor.backend: megatron"

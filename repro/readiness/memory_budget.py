@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from repro.recipes.backends import engine_of, trainer_of
 from repro.recipes.consistency import pipeline_stage_layers
 
 if TYPE_CHECKING:
@@ -65,10 +66,10 @@ def optimizer_bytes(recipe: "Recipe") -> OptimizerBytes:
     """
     actor = recipe.actor
     moment = 2 * DTYPE_BYTES[actor.optimizer_moment_dtype]
-    if actor.backend == "embedded":
+    if trainer_of(recipe).own_adamw:
         master = 0 if actor.dtype == "fp32" else 4
         return OptimizerBytes(master, 8, 8, 0, "repro AdamW (fp32 masters and moments)")
-    if recipe.engine == "lumenrl":
+    if engine_of(recipe).streamed_optimizer:
         return OptimizerBytes(4, moment, moment, 0,
                               f"LumenRL streamed optimizer (fp32 masters, {actor.optimizer_moment_dtype} moments)")
     return OptimizerBytes(4, moment, 8, 4, "megatron-core 0.16.1 distributed optimizer (offloaded share: fp32)")
@@ -151,7 +152,7 @@ def memory_budget(recipe: "Recipe", device_bytes: int | None = None, host_bytes:
     layers = pipeline_stage_layers(recipe.model.num_layers, actor.pipeline_parallel,
                                    actor.num_layers_in_first_pipeline_stage, actor.num_layers_in_last_pipeline_stage)
     offload = (actor.optimizer_offload_fraction if actor.optimizer_cpu_offload else 0.0) if not cpu else 1.0
-    grad_width = 4 if actor.backend == "megatron" else DTYPE_BYTES[actor.dtype]
+    grad_width = 4 if trainer_of(recipe).fp32_gradients else DTYPE_BYTES[actor.dtype]
     stages = []
     for stage, count in enumerate(layers):
         first, last = stage == 0, stage == len(layers) - 1

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from repro.readiness.pins import expected_versions, version_matches
 from repro.readiness.types import FAIL, PASS, SKIP, WARN, Check, CheckResult, Facts, cpu_mode, kind_name, skipped
+from repro.recipes.backends import MEGATRON_CORE, VLLM, libraries
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -86,9 +87,9 @@ def _check_package(name: str, key: str, needed_by, why_not: str, role: str) -> C
     return check
 
 
-check_vllm = _check_package("vllm", "vllm", lambda r: r.rollout.backend == "vllm",
+check_vllm = _check_package("vllm", "vllm", lambda r: VLLM in libraries(r),
                             "rollout.backend is embedded: vLLM is not used", "the recipe's rollout")
-check_megatron = _check_package("megatron_core", "megatron-core", lambda r: r.actor.backend == "megatron",
+check_megatron = _check_package("megatron_core", "megatron-core", lambda r: MEGATRON_CORE in libraries(r),
                                 "actor.backend is embedded: Megatron-core is not used", "the recipe's trainer")
 # repro itself needs both everywhere (pyproject.toml); the recipe says which version its cluster runs
 check_ray_version = _check_package("ray_version", "ray", lambda r: True, "", "repro")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from repro.recipes.lumenrl_checks import lumenrl_problems
+from repro.recipes.backends import engine_of, trainer_of
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -77,11 +77,11 @@ def pipeline_split_problems(recipe: "Recipe") -> list[str]:
 
 def optimizer_problems(recipe: "Recipe") -> list[str]:
     """What the chosen trainer's optimizer cannot hold: the embedded AdamW (torch's) keeps fp32 moments."""
-    actor = recipe.actor
-    if actor.backend == "embedded" and actor.optimizer_moment_dtype != "fp32":
+    actor, moments = recipe.actor, trainer_of(recipe).moments
+    if moments == "fp32" and actor.optimizer_moment_dtype != "fp32":
         return [f"actor.optimizer_moment_dtype: {actor.optimizer_moment_dtype!r} needs the Megatron backend; the "
                 "embedded trainer's AdamW keeps fp32 moments (set fp32)"]
-    if actor.backend == "megatron" and actor.optimizer_moment_dtype != "fp32" and actor.num_workers == 1:
+    if moments == "distributed" and actor.optimizer_moment_dtype != "fp32" and actor.num_workers == 1:
         return [f"actor.optimizer_moment_dtype: {actor.optimizer_moment_dtype!r} needs megatron's distributed "
                 "optimizer (precision-aware), which one trainer worker does not build (set fp32)"]
     return []
@@ -136,9 +136,8 @@ def algorithm_problems(recipe: "Recipe") -> list[str]:
 
 def engine_problems(recipe: "Recipe") -> list[str]:
     """What the chosen engine cannot run: LumenRL takes only what its config can express."""
-    if recipe.engine != "lumenrl":
-        return []
-    return lumenrl_problems(recipe)
+    problems = engine_of(recipe).problems
+    return problems(recipe) if problems is not None else []
 
 
 def check_consistency(recipe: "Recipe") -> None:

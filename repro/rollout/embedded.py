@@ -31,14 +31,21 @@ from transformers import DynamicCache
 
 from repro.errors import ReproError
 from repro.model import layouts
+from repro.model.hf_folder import load_checkpoint
 from repro.model.hyper_connection import use_entrywise_hyper_connections
 from repro.model.served import ServedWeights, check_update, served_weights, to_state_dict
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
+from repro.recipes.backends import ROLLOUTS
+from repro.recipes.schema import Recipe
 from repro.rollout.decode_cache import RoutingTable, branch, select_rows
+from repro.rollout.fp8_view import weight_view_for
 from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.shared_kv_attention import use_shared_kv_attention
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
-from repro.sync import SyncGate
+from repro.rollout.vllm_transfer import TransferAddress
+from repro.sync.apply import SyncGate, SyncStats
+from repro.sync.errors import BucketError
+from repro.sync.group import SyncAddress
 
 # which log-prob of a sampled token the engine reports (recipe rollout.logprobs_mode; vLLM's raw/processed_logprobs)
 LogprobsMode = Literal["raw", "processed"]
@@ -52,12 +59,18 @@ class RolloutError(ReproError):
     """A request or weight update the engine cannot serve."""
 
 
+class RolloutBucketError(RolloutError, BucketError):
+    """A weight-sync bucket the engine refuses; the message names the version and the bucket."""
+
+
 def _identity_view(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return weights
 
 
 class EmbeddedEngine:
     """A single-process engine over one model instance. ``weight_view`` decides what precision it serves."""
+
+    capabilities = ROLLOUTS["embedded"]
 
     def __init__(
         self,
@@ -128,7 +141,7 @@ class EmbeddedEngine:
         for name, tensor in named:
             if name not in self.served.synced:
                 why = f" ({layouts.MTP_REASON})" if layouts.is_mtp(name) else ""
-                raise RolloutError(f"weight update v{version}, {label}: unexpected tensor {name}{why}")
+                raise RolloutBucketError(f"weight update v{version}, {label}: unexpected tensor {name}{why}")
             check_update(self.served, {name: tensor}, version, RolloutError, partial=True)
             self._arrived.add(name)
             module_name, part = self._parts[name]
@@ -157,6 +170,16 @@ class EmbeddedEngine:
         self._staged, self._arrived = {}, set()
         self.weight_version = version
         self.gate.finish()
+
+    def receive_from_groups(self, addresses: list[SyncAddress], version: int) -> SyncStats:
+        """Not this engine's path (``capabilities.workers_join_groups`` is false): ``repro.sync.handoff.receive``
+        joins the groups in this process and applies the buckets through ``apply_bucket``."""
+        raise RolloutError(f"weight sync v{version}: the embedded engine has no workers of its own to join "
+                           f"{len(addresses)} sync group(s); receive through repro.sync.handoff.receive")
+
+    def receive_transfer(self, address: TransferAddress, version: int) -> SyncStats:
+        raise RolloutError(f"weight sync v{version}: vLLM's weight-transfer engine (group at {address.host}:"
+                           f"{address.port}) serves vLLM only; the embedded engine receives repro's own stream")
 
     def _swap(self, state: dict[str, torch.Tensor], version: int) -> None:
         expected = self.model.state_dict()
@@ -303,3 +326,20 @@ def served_parts(served: ServedWeights, state: dict[str, torch.Tensor]) -> dict[
         for part in layouts.release_parts(module_name, tuple(tensor.shape)):
             parts[part.name] = (module_name, part)
     return {name: parts[name] for name in served.synced}
+
+
+def build_engine(recipe: Recipe, model_dir) -> EmbeddedEngine:
+    """The engine of ``repro.recipes.backends.ROLLOUTS["embedded"]``: the model folder's weights served through
+    the recipe's weight view (FP8 round trip) and numerics."""
+    model, tokenizer = load_checkpoint(model_dir)
+    r = recipe.rollout
+    return EmbeddedEngine(
+        model,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        max_context=recipe.lengths.max_context,
+        weight_view=weight_view_for(r.weight_format, r.fp8_format, r.fp8_block, r.fp8_scale),
+        record_routing=recipe.routing_replay.enabled,
+        numerics=RolloutNumerics.from_rollout(r),
+        logprobs_mode=r.logprobs_mode,
+    )

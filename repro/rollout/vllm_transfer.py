@@ -1,5 +1,5 @@
 """The weight sync through vLLM's own weight-transfer engine (``vllm.distributed.weight_transfer``): the GPU path
-where one trainer rank sends (``uses_vllm_transfer`` in ``repro.rollout.vllm_engine`` decides).
+where one trainer rank sends (``uses_vllm_transfer`` in ``repro.rollout.vllm_args`` decides).
 
 vLLM's engine is LumenRL's scheme: the trainer is rank 0 of one NCCL group (RCCL on ROCm) with every vLLM worker
 at ranks 1..R, and broadcasts the weights packed into flat device buffers of ``weight_sync.bucket_mb``, two of
@@ -34,7 +34,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from repro.model.served import ServedWeights
-from repro.sync import SyncError
+from repro.sync.errors import SyncError
+from repro.sync.stream import WIRE_DTYPES
 
 NUM_BUFFERS = 2  # vLLM's default double buffering: one buffer packs while the other is on the wire
 
@@ -62,9 +63,7 @@ class TransferAddress:
 
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    from repro.sync import DTYPES
-
-    return torch.Size(shape).numel() * torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    return torch.Size(shape).numel() * torch.empty(0, dtype=WIRE_DTYPES[dtype]).element_size()
 
 
 def transfer_address(host: str, port: int, receivers: int, bucket_bytes: int, served: ServedWeights

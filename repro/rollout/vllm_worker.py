@@ -24,6 +24,11 @@ from functools import partial
 
 import torch
 
+from repro.sync.apply import drain
+from repro.sync.errors import BucketError, SyncError
+from repro.sync.group import SyncAddress, SyncGroup, receive_all
+from repro.sync.stream import verified_stream
+
 # "<index>_<external id>-<8 random chars>" for the children of an n > 1 request, "<external id>-<8 chars>"
 # otherwise (vllm.v1.engine.input_processor.assign_request_id, parallel_sampling.get_child_info).
 _INTERNAL_ID = re.compile(r"^(?:(?P<child>\d+)_)?(?P<external>.+)-[0-9A-Za-z]{8}$")
@@ -169,12 +174,10 @@ class ReproWorkerExtension:
         """Join each sender's sync group (rank 1 + this worker's TP rank; kept for later syncs) and apply the
         buckets as they arrive, each tensor checked against ``expected`` (name -> [shape, dtype]). Returns
         (buckets, tensors, bytes). A failure drains the rest of the stream, then raises."""
-        from repro.sync import SyncError, drain, verified_stream
-        from repro.sync_group import SyncAddress, SyncGroup, receive_all
 
         wanted = [SyncAddress(**a) for a in addresses]
         known = {g.address: g for g in getattr(self, "_repro_sync_groups", [])}
-        device = "cpu" if wanted[0].backend == "gloo" else self.device
+        device = "cpu" if wanted[0].on_host else self.device
         self._repro_sync_groups = [known.get(a) or SyncGroup(a, 1 + getattr(self, "rank", 0), device) for a in wanted]
         stream = receive_all(self._repro_sync_groups, version)
         buckets = tensors = nbytes = 0
@@ -199,18 +202,16 @@ class ReproWorkerExtension:
 
 
 def check_tensor(name: str, tensor: torch.Tensor, expected: dict[str, list], version: int, label: str) -> None:
-    """One received tensor against the served checkpoint's [shape, dtype] for its name."""
-    from repro.sync import SyncError
-
+    """One received tensor against the served checkpoint's [shape, dtype] for its name (errors name the bucket)."""
     spec = expected.get(name)
     dtype = str(tensor.dtype).removeprefix("torch.")
     if spec is None:
-        raise SyncError(f"weight sync v{version}, {label}: unexpected tensor {name}")
+        raise BucketError(f"weight sync v{version}, {label}: unexpected tensor {name}")
     if list(tensor.shape) != list(spec[0]) or dtype != spec[1]:
-        raise SyncError(f"weight sync v{version}, {label}: tensor {name} is {dtype} {list(tensor.shape)}, "
-                        f"the checkpoint stores {spec[1]} {list(spec[0])}")
+        raise BucketError(f"weight sync v{version}, {label}: tensor {name} is {dtype} {list(tensor.shape)}, "
+                          f"the checkpoint stores {spec[1]} {list(spec[0])}")
     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-        raise SyncError(f"weight sync v{version}, {label}: tensor {name} holds NaN or Inf")
+        raise BucketError(f"weight sync v{version}, {label}: tensor {name} holds NaN or Inf")
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> int:

@@ -37,6 +37,7 @@ from repro.errors import CheckpointError
 from repro.model.streamed_export import plan_weights, write_weights
 from repro.model.tiny_release import config_json, staged_folder
 from repro.recipes import resolve_path
+from repro.recipes.backends import engine_of, trainer_named
 from repro.run.checkpoints import COMPLETE_MARKER, STATE_FILE, Checkpoint, latest_checkpoint, list_checkpoints
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -86,7 +87,7 @@ def trainer_meta(trainer_dir: Path) -> dict:
     except ValueError as err:
         raise CheckpointError(f"{state}: not valid JSON ({err})") from None
     backend = meta.get("backend", "embedded")
-    if ranks or backend == "megatron":
+    if ranks or not trainer_named(backend, f"{state}: backend").hf_state:
         kind = (f"the old per-rank format, {len(ranks)} rank folder(s) of local shards" if ranks else
                 "megatron-core dist_checkpointing under megatron's parameter keys")
         raise CheckpointError(
@@ -134,7 +135,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: run directory not found")
     recipe, _ = read_recipe(run_dir / RECIPE_FILE)
-    if recipe.engine == "lumenrl":
+    if not engine_of(recipe).own_loop:
         raise CheckpointError(f"{run_dir}: a LumenRL run (engine: lumenrl) keeps LumenRL's own Megatron "
                               "checkpoints, which repro export does not read")
     checkpoint = find_checkpoint(run_dir, step)

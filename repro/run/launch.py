@@ -28,16 +28,13 @@ from repro.cluster.placement import (
 )
 from repro.cluster.runtime import ensure_ray, shutdown_ray
 from repro.readiness.memory_budget import format_budget, memory_budget
+from repro.recipes.backends import MEGATRON_CORE, VLLM, libraries, rollout_of, trainer_of
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
-# What the workers import besides this package (the cluster image must have them; `make test-megatron` and
-# `make test-vllm` build CPU environments with the pinned versions).
-CLUSTER_BACKENDS = {
-    "megatron": ("megatron.core", "megatron-core, the Megatron trainer backend's library (pin: repro/readiness/pins.py)"),
-    "vllm": ("vllm", "vLLM, the rollout engine's library (pin: repro/readiness/pins.py)"),
-}
+# What the workers import besides this package is each backend's ``library`` (repro.recipes.backends; the cluster
+# image must have them; `make test-megatron` and `make test-vllm` build CPU environments with the pinned versions).
 MASTER_PORT = 29500
 
 
@@ -115,17 +112,17 @@ def trainer_worker_args(recipe: "Recipe", master_addr: str = "<node of trainer r
 def backend_arguments(recipe: "Recipe") -> dict[str, dict[str, Any]]:
     """What the workers are built with, from the same functions that build them: the Megatron trainer's
     ``megatron_layout`` sections (``repro.train.megatron.config``) when the trainer is Megatron, vLLM's ``LLM``
-    arguments (``repro.rollout.vllm_engine.engine_args_from_recipe``) and one training rollout's
+    arguments (``repro.rollout.vllm_args.engine_args_from_recipe``) and one training rollout's
     ``SamplingParams`` when the rollout is vLLM."""
     sections: dict[str, dict[str, Any]] = {}
-    if recipe.actor.backend == "megatron":
+    if trainer_of(recipe).library is MEGATRON_CORE:
         from repro.train.megatron.config import megatron_layout  # torch: only for the backends the recipe names
 
         for name, values in megatron_layout(recipe).items():
             sections[f"megatron {name}"] = values
-    if recipe.rollout.backend == "vllm":
+    if rollout_of(recipe).library is VLLM:
         from repro.rollout.types import SamplingParams
-        from repro.rollout.vllm_engine import engine_args_from_recipe, vllm_sampling_kwargs
+        from repro.rollout.vllm_args import engine_args_from_recipe, vllm_sampling_kwargs
 
         sections["vllm.LLM"] = engine_args_from_recipe(recipe, recipe.model.path)
         r = recipe.rollout
@@ -153,14 +150,14 @@ def module_available(module: str) -> bool:
 
 def missing_backends(recipe: "Recipe") -> list[str]:
     """Backends the recipe names whose library is not importable here (empty for the embedded CPU backends)."""
-    needed = [CLUSTER_BACKENDS[b] for b in (recipe.actor.backend, recipe.rollout.backend) if b in CLUSTER_BACKENDS]
-    return [f"{what} (module {module})" for module, what in needed if not module_available(module)]
+    return [f"{lib.what} (pin: repro/readiness/pins.py) (module {lib.module})" for lib in libraries(recipe)
+            if not module_available(lib.module)]
 
 
 def launch_blockers(recipe: "Recipe") -> list[str]:
     """Why the run cannot start from here, each naming what to install or set; empty when it can."""
     blockers = [f"missing {m}" for m in missing_backends(recipe)]
-    if recipe.actor.backend == "megatron" and not recipe.actor.model_provider:
+    if trainer_of(recipe).needs_model_provider and not recipe.actor.model_provider:
         blockers.append(
             "actor.model_provider is not set: megatron-core has no DeepSeek-V4 layers, so the trainer ranks need a "
             "'module:function' that builds one (LumenRL's Megatron fork provides it: docs/megatron-dsv4.md)")

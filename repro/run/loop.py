@@ -36,13 +36,17 @@ def train(run: Run) -> None:
         with at_step(step):
             clock = StepClock()
             problems = run.sampler.next_batch()
-            rollout = clock.time("rollout", generate_rollouts, run, problems, step)
-            rewards = clock.time("reward", score_rollouts, run, problems, rollout)
+            with clock.phase("rollout"):
+                rollout = generate_rollouts(run, problems, step)
+            with clock.phase("reward"):
+                rewards = score_rollouts(run, problems, rollout)
             grouped = make_train_batch(run, rollout, rewards)
             updated = update_policy(run, clock, grouped.batch)
             mismatch = mismatch_metrics(run, updated.batch)
-            clock.time("rollouts_file", save_rollouts, run, problems, rollout, rewards, updated.batch, step)
-            sync = clock.time("sync", sync_weights, run.trainer, run.rollout, step)
+            with clock.phase("rollouts_file"):
+                save_rollouts(run, problems, rollout, rewards, updated.batch, step)
+            with clock.phase("sync"):
+                sync = sync_weights(run.trainer, run.rollout, step)
             log_step(run, step, clock, rollout, rewards, grouped, mismatch, updated.metrics, sync)
             if evaluates_after(recipe, step):
                 evaluate_and_log(run, step)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from repro.errors import ReproError
+from repro.recipes.backends import engine_of
 from repro.recipes.schema import Recipe, WandbTracking
 
 TENSORBOARD_DIR = "tensorboard"
@@ -58,7 +59,7 @@ def check_sinks(recipe: Recipe, run_dir: Path) -> None:
     if tracking.wandb.enabled:
         _require("tracking.wandb.enabled", "wandb", "wandb")
         _writable("tracking.wandb.enabled", run_dir / WANDB_DIR)
-    if tracking.rollouts and recipe.engine == "repro":  # LumenRL's trajectories stay in its processes
+    if tracking.rollouts and engine_of(recipe).own_loop:  # LumenRL's trajectories stay in its processes
         _writable("tracking.rollouts", run_dir / ROLLOUTS_DIR)
 
 
@@ -90,7 +91,7 @@ def open_sinks(recipe: Recipe, run_dir: Path, kept_rows: list[dict]) -> list[Sin
     if recipe.tracking.tensorboard:
         sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR, 0 if last_kept is None else last_kept + 1))
     # with engine lumenrl, LumenRL logs to W&B itself (repro.lumenrl.tracking); config: the resolved recipe
-    if recipe.tracking.wandb.enabled and recipe.engine == "repro":
+    if recipe.tracking.wandb.enabled and engine_of(recipe).own_loop:
         sinks.append(WandbSink(recipe.tracking.wandb, run_dir, recipe.model_dump(mode="json"), kept_rows))
     return sinks
 

@@ -1,14 +1,19 @@
 """The named calls of one RL step (``repro.run.loop`` reads as a list of them).
 
-Each takes what it needs explicitly and returns what it made; none writes into another object. The groups are
-reached through their protocol (``repro.groups.protocol``), the same in this process and on Ray.
+Each takes what it needs explicitly and returns what it made. Those that record write only to the run's records:
+``log_step`` and ``evaluate_and_log`` append a row to ``run.metrics`` (and report progress), ``save_rollouts``
+and ``save_checkpoint_now`` write files under the run directory, and ``warmup_once`` clears ``run.warmup_s``
+once the first row has carried it. The groups are reached through their protocol (``repro.groups.protocol``),
+the same in this process and on Ray.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 import torch
 
@@ -21,7 +26,7 @@ from repro.rollout.types import FinishReason, RolloutResult, SamplingParams
 from repro.run.checkpoints import driver_rng_state, save_checkpoint
 from repro.run.rollouts_file import StepTrajectories
 from repro.run.state import Run
-from repro.sync import SyncStats
+from repro.sync.apply import SyncStats
 from repro.train.batch import TrainBatch, build_batch
 from repro.train.grpo_update import old_logprobs_from_update
 
@@ -33,11 +38,12 @@ class StepClock:
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
 
-    def time(self, phase: str, fn, *args):
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase ``name`` (recorded when the block ends without raising)."""
         start = time.perf_counter()
-        out = fn(*args)
-        self.seconds[phase] = time.perf_counter() - start
-        return out
+        yield
+        self.seconds[name] = time.perf_counter() - start
 
     def total(self) -> float:
         return time.perf_counter() - self.started
@@ -81,9 +87,9 @@ class GroupedBatch:
 def make_train_batch(run: Run, rollout: RolloutResult, rewards: list[RewardResult]) -> GroupedBatch:
     """GRPO advantages over each prompt's group, then the padded batch (routing kept for R3)."""
     group = run.recipe.algorithm.responses_per_prompt
-    scores = torch.tensor([r.score for r in rewards], dtype=torch.float32).view(-1, group)
+    reward_groups = torch.tensor([r.score for r in rewards], dtype=torch.float32).view(-1, group)
     algorithm = run.recipe.algorithm
-    grouped = grpo_advantages(scores, norm_by_std=algorithm.norm_adv_by_std, std=algorithm.adv_std)
+    grouped = grpo_advantages(reward_groups, norm_by_std=algorithm.norm_adv_by_std, std=algorithm.adv_std)
     batch = build_batch(rollout.trajectories, grouped.advantages.reshape(-1), run.tokenizer.pad_token_id,
                         run.recipe.routing_replay.enabled)
     return GroupedBatch(batch, grouped.num_zero_variance_groups)
@@ -108,10 +114,14 @@ def update_policy(run: Run, clock: StepClock, batch: TrainBatch) -> PolicyUpdate
     forward gives π_old of the rows it forwards -- the same numbers a separate pass gives -- and only the rows
     it skips get a no-grad pass (timed as ``update``); otherwise a separate rescoring first (``old_logprob``)."""
     if old_logprobs_from_update(run.recipe):
-        scores, metrics = clock.time("update", run.trainer.scored_train_step, batch)
-        return PolicyUpdate(replace(batch, old_logprobs=scores.logprobs), metrics)
-    batch = clock.time("old_logprob", rescore_with_replay, run, batch)
-    return PolicyUpdate(batch, clock.time("update", run.trainer.train_step, batch))
+        with clock.phase("update"):
+            pi_old, metrics = run.trainer.scored_train_step(batch)
+        return PolicyUpdate(replace(batch, old_logprobs=pi_old.logprobs), metrics)
+    with clock.phase("old_logprob"):
+        batch = rescore_with_replay(run, batch)
+    with clock.phase("update"):
+        metrics = run.trainer.train_step(batch)
+    return PolicyUpdate(batch, metrics)
 
 
 def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:

@@ -1,8 +1,9 @@
 """The embedded torch trainer: GRPO updates of a (tiny) DeepSeek-V4 on CPU, the loss the Megatron run uses.
 
-The update itself (rows, normalisers, each micro-batch's loss share, metrics) is ``repro.train.grpo_update``;
-this class runs its forwards and backwards with plain torch -- token-budget micro-batches, each forward inside
-``RoutingReplay`` (R3) when the recipe asks -- and steps an fp32-master AdamW over the whole model.
+The update itself (rows, normalisers, each micro-batch's loss share, metrics) is ``repro.train.grpo_update``, the
+steps around it ``repro.train.grpo_trainer``; this class runs its forwards and backwards with plain torch --
+token-budget micro-batches, each forward inside ``RoutingReplay`` (R3) when the recipe asks -- and steps an
+fp32-master AdamW over the whole model.
 """
 
 from __future__ import annotations
@@ -22,32 +23,21 @@ from repro.model.hyper_connection import use_entrywise_hyper_connections
 from repro.model.routing import RoutingReplay, topk_routers
 from repro.model.served import export_weights, served_weights
 from repro.recipes import resolve_path
+from repro.recipes.backends import TRAINERS
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train import trainer_state as saved_state
-from repro.train.base import LogprobResult, TrainerError
+from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch, micro_batches
 from repro.train.batch_checks import check_batch
-from repro.train.grpo_update import (
-    DTYPES, GRPOUpdate, UpdatePlan, UpdateStats, check_settings, recipe_settings, run_train_step,
-)
+from repro.train.grpo_trainer import GRPOTrainer
+from repro.train.grpo_update import GRPOUpdate, UpdatePlan, UpdateStats, check_settings, recipe_settings
 from repro.train.optimizer import MasterAdamW
+from repro.train.precision import COMPUTE_DTYPES, cast_for_training
 from repro.train.threads import ThreadedReplicas, balanced_shares
 
 
-def cast_for_training(model: torch.nn.Module, dtype: str, keep_fp32=lambda name: False) -> torch.nn.Module:
-    """The model's parameters in the trainer's compute dtype, in eval mode (V4 has no dropout to switch on, and
-    generate() expects eval). Rotary inv_freq buffers stay fp32, as Hugging Face's own bf16 loading keeps them, and
-    so do the parameters ``keep_fp32(name)`` names: the tensors the release stores in FP32 (hyper-connections,
-    sinks, compressor position bias), which LumenRL keeps FP32 too -- BF16 would round them in every update and
-    every sync."""
-    for name, param in model.named_parameters():
-        if not keep_fp32(name):
-            param.data = param.data.to(DTYPES[dtype])
-    return model.eval()
-
-
-class EmbeddedTrainer:
-    """GRPO trainer for a Hugging Face DeepSeek-V4 model on CPU.
+class EmbeddedTrainer(GRPOTrainer):
+    """GRPO trainer for a Hugging Face DeepSeek-V4 model on CPU (its steps: ``GRPOTrainer``).
 
     Args:
         model: a ``DeepseekV4ForCausalLM`` or a safetensors checkpoint folder holding one.
@@ -60,6 +50,8 @@ class EmbeddedTrainer:
         update_threads: threads that split each update's and each scoring pass's rows (``repro.train.threads``).
         seed: seeds torch's RNG once at construction (the forward itself draws no random numbers).
     """
+
+    capabilities = TRAINERS["embedded"]
 
     def __init__(
         self,
@@ -83,7 +75,7 @@ class EmbeddedTrainer:
         self.grpo = GRPOUpdate(algorithm or AlgorithmConfig(), rollout_correction or RolloutCorrectionConfig(),
                                  skip_zero_advantage_rows)
         check_settings(dtype, max_tokens_per_micro_batch, temperature, self.grpo.algorithm, "embedded")
-        self.dtype_name, self.dtype = dtype, DTYPES[dtype]
+        self.dtype_name, self.dtype = dtype, COMPUTE_DTYPES[dtype]
         self.max_tokens = max_tokens_per_micro_batch
         self.temperature = temperature
         self.replay_routing = replay_routing
@@ -121,14 +113,16 @@ class EmbeddedTrainer:
     def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
         """[B, T] log-probs and entropies of the batch's targets at the sampling temperature (0 off-response)."""
         check_batch(batch, self.routers, need_old=False, replay=replay_routing, caller="logprobs")
-        scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
-        self.replicas.run([[partial(self._score_rows, batch, rows, replay_routing, scores) for rows in groups]
+        logprobs_out = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
+        self.replicas.run([[partial(self._score_rows, batch, rows, replay_routing, logprobs_out)
+                            for rows in groups]
                            for groups in self._scoring_row_groups(batch)])
-        return scores
+        return logprobs_out
 
-    def _score_rows(self, batch: TrainBatch, rows: torch.Tensor, replay: bool, scores: LogprobResult,
+    def _score_rows(self, batch: TrainBatch, rows: torch.Tensor, replay: bool, logprobs_out: LogprobResult,
                     model: torch.nn.Module) -> None:
-        """Write the log-probs and entropies of ``batch``'s [r] ``rows`` into ``scores``, forwarding on ``model``
+        """Write the log-probs and entropies of ``batch``'s [r] ``rows`` into ``logprobs_out``, forwarding on
+        ``model``
         (a no-grad pass: grad mode is per thread, so it is set here rather than by the caller)."""
         start = 0
         with torch.no_grad():
@@ -137,7 +131,7 @@ class EmbeddedTrainer:
                 mask = micro.response_mask
                 lp = logprobs_from_logits(logits, micro.targets, self.temperature)
                 ent = entropy_from_logits(logits, self.temperature)
-                write_scores(scores, rows[start : start + micro.num_rows], torch.where(mask, lp, 0.0),
+                write_logprobs(logprobs_out, rows[start : start + micro.num_rows], torch.where(mask, lp, 0.0),
                              torch.where(mask, ent, 0.0))
                 start += micro.num_rows
 
@@ -167,11 +161,12 @@ class EmbeddedTrainer:
 
     # ---- training ------------------------------------------------------------------------------------------
 
-    def _accumulate_gradients(self, batch: TrainBatch, scores: LogprobResult | None = None) -> UpdateStats:
-        """Backward the update's loss over ``batch`` into the parameters' ``.grad`` (zeroed first).
+    def accumulate_gradients(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> UpdateStats:
+        """The hook of ``GRPOTrainer``: backward the update's loss over ``batch`` into the parameters' ``.grad``
+        (zeroed first).
 
-        With ``scores`` ([B, T] tensors, filled here) and no ``batch.old_logprobs``: pi_old of each forwarded row
-        is its own log-probs from this forward (detached; the ratio is then exactly 1, as after a separate
+        With ``logprobs_out`` ([B, T] tensors, filled here) and no ``batch.old_logprobs``: pi_old of each forwarded
+        row is its own log-probs from this forward (detached; the ratio is then exactly 1, as after a separate
         rescoring), and the rows the update skips are scored by a no-grad pass, for the metrics only. Each update
         thread backwards its share of the rows, then scores its share of the skipped ones."""
         self.opt.zero_grad()
@@ -181,9 +176,9 @@ class EmbeddedTrainer:
         per_thread = [UpdateStats() for _ in shares]
         work = []
         for share, rest, share_stats in zip(shares, skipped, per_thread):
-            jobs = [partial(self._backward_rows, batch, share, plan, share_stats, scores)] if len(share) else []
-            if scores is not None and len(rest):
-                jobs.append(partial(self._score_rows, batch, rest, self.replay_routing, scores))
+            jobs = [partial(self._backward_rows, batch, share, plan, share_stats, logprobs_out)] if len(share) else []
+            if logprobs_out is not None and len(rest):
+                jobs.append(partial(self._score_rows, batch, rest, self.replay_routing, logprobs_out))
             work.append(jobs)
         self.replicas.run(work)
         self.replicas.add_gradients_into_model()
@@ -192,59 +187,21 @@ class EmbeddedTrainer:
         return stats
 
     def _backward_rows(self, batch: TrainBatch, rows: torch.Tensor, plan: UpdatePlan, stats: UpdateStats,
-                       scores: LogprobResult | None, model: torch.nn.Module) -> None:
+                       logprobs_out: LogprobResult | None, model: torch.nn.Module) -> None:
         """Forward and backward ``batch``'s [r] ``rows`` on ``model`` in token-budget micro-batches (see
-        ``_accumulate_gradients``), adding their sums to ``stats``."""
+        ``accumulate_gradients``), adding their sums to ``stats``."""
         start = 0
         for micro in micro_batches(batch.rows(rows), self.max_tokens):
             logits = self._forward(model, micro, self.replay_routing)
             logp = logprobs_from_logits(logits, micro.targets, self.temperature)
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), self.temperature)
-                if scores is not None:
+                if logprobs_out is not None:
                     micro = replace(micro, old_logprobs=torch.where(micro.response_mask, logp.detach(), 0.0))
-                    write_scores(scores, rows[start : start + micro.num_rows], micro.old_logprobs,
+                    write_logprobs(logprobs_out, rows[start : start + micro.num_rows], micro.old_logprobs,
                                  torch.where(micro.response_mask, entropy, 0.0))
                     start += micro.num_rows
             self.grpo.micro_loss(micro, logp, entropy, plan, stats).backward()
-
-    def scored_train_step(self, batch: TrainBatch) -> tuple[LogprobResult, dict[str, float]]:
-        """``train_step`` on a batch without ``old_logprobs``: pi_old comes from the update's own first forward
-        (rows it skips get a no-grad pass). Returns pi_old's [B, T] log-probs and entropies -- the numbers
-        ``logprobs(batch, replay_routing)`` gives -- and the metrics. Only where that is exact: one update per
-        step, a non-rejecting correction mode (``repro.train.grpo_update.old_logprobs_from_update``)."""
-        if not self.grpo.scores_in_update:
-            raise TrainerError(
-                f"scored_train_step: algorithm.updates_per_step={self.grpo.algorithm.updates_per_step} and "
-                f"rollout_correction.mode={self.grpo.correction.mode!r} need pi_old from a separate pass first")
-        check_batch(batch, self.routers, need_old=False, replay=self.replay_routing, caller="scored_train_step")
-        scores = LogprobResult(torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
-        metrics = run_train_step(self.grpo, self.optim, replace(batch, old_logprobs=None), self.updates,
-                                 lambda rows: self._accumulate_gradients(rows, scores), self.opt.step)
-        self.updates += 1
-        self.step += 1
-        return scores, metrics
-
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """``updates_per_step`` AdamW updates on ``batch``; returns verl-named metrics (means over updates).
-
-        ``actor/entropy``, ``actor/pg_clipfrac*`` and ``actor/ppo_kl`` are token means over the rows that went
-        through a forward (zero-advantage rows are skipped); ``actor/grad_norm`` is the norm before clipping.
-        """
-        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="train_step")
-        metrics = run_train_step(self.grpo, self.optim, batch, self.updates, self._accumulate_gradients,
-                                 self.opt.step)
-        self.updates += len(self.grpo.row_groups(batch))
-        self.step += 1
-        return metrics
-
-    def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
-        """name -> fp32 gradient of the first update's loss on ``batch`` (unclipped); weights stay untouched."""
-        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="gradients")
-        self._accumulate_gradients(batch.rows(self.grpo.row_groups(batch)[0]))
-        grads = {name: g.clone() for name, g in zip(self.opt.names, self.opt.master_grads())}
-        self.opt.zero_grad()
-        return grads
 
     # ---- weights and state ---------------------------------------------------------------------------------
 
@@ -258,16 +215,29 @@ class EmbeddedTrainer:
         """
         yield from export_weights(self.served, self.model.state_dict())
 
+    def sync_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the weight sync sends: every weight (``named_weights``); this trainer is one rank."""
+        return self.named_weights()
+
+    def sync_sender(self) -> int | None:
+        return 0
+
     def save(self, directory: str | Path) -> Path:
         """Write the full training state to ``directory`` (replaced atomically); see ``repro.train.trainer_state``."""
-        return saved_state.save_trainer(self, directory)
+        return saved_state.save_trainer(self.state_parts(), directory)
 
     def load(self, directory: str | Path) -> None:
-        saved_state.load_trainer(self, directory)
+        self.step, self.updates = saved_state.load_trainer(self.state_parts(), directory)
 
 
-def write_scores(scores: LogprobResult, rows: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor) -> None:
-    """Put [r, t] log-probs and entropies of ``rows`` ([r] indices) into the [B, T] ``scores`` (t <= T)."""
+def write_logprobs(logprobs_out: LogprobResult, rows: torch.Tensor, logprobs: torch.Tensor,
+                   entropy: torch.Tensor) -> None:
+    """Put [r, t] log-probs and entropies of ``rows`` ([r] indices) into the [B, T] ``logprobs_out`` (t <= T)."""
     width = logprobs.shape[1]
-    scores.logprobs[rows, :width] = logprobs
-    scores.entropy[rows, :width] = entropy
+    logprobs_out.logprobs[rows, :width] = logprobs
+    logprobs_out.entropy[rows, :width] = entropy
+
+
+def build_trainer(recipe: Recipe, model_dir: str | Path) -> EmbeddedTrainer:
+    """The trainer of ``repro.recipes.backends.TRAINERS["embedded"]``."""
+    return EmbeddedTrainer.from_recipe(recipe, model_dir)

@@ -1,6 +1,7 @@
 """The GRPO update, whatever backend runs the forward and backward: which rows go forward, the update's
-normalisers, each micro-batch's share of the loss, and the metrics. Both trainers compose it (the embedded torch
-trainer with its own micro-batch loop, the Megatron trainer inside megatron's pipeline schedule).
+normalisers, each micro-batch's share of the loss, and the metrics. Both trainers run it through the steps they
+inherit (``repro.train.grpo_trainer``): the embedded torch trainer with its own micro-batch loop, the Megatron
+trainer inside megatron's pipeline schedule.
 
 One ``train_step`` = the batch split into ``updates_per_step`` row groups, one optimizer update each. Per update:
 
@@ -19,19 +20,18 @@ One ``train_step`` = the batch split into ``updates_per_step`` row groups, one o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
+from repro import metric_keys as K
 from repro.algos import agg_loss, broadcast_to_tokens, ppo_clip_loss, rollout_is_weights
-from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.recipes.backends import trainer_of
+from repro.recipes.schema import AlgorithmConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
-from repro.train.optimizer import warmup_constant_lr
+from repro.train.precision import COMPUTE_DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 REJECTING_MODES = ("token_mask", "sequence_mask")  # their kept tokens depend on pi_old, needed before any forward
-COUNT_METRICS = ("actor/num_rows_skipped_zero_adv", "actor/micro_batches")  # summed over updates, not averaged
+COUNT_METRICS = (K.ROWS_SKIPPED_ZERO_ADV, K.MICRO_BATCHES)  # summed over updates, not averaged
 
 
 @dataclass
@@ -66,8 +66,8 @@ class UpdatePlan:
 
 def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: AlgorithmConfig, backend: str) -> None:
     """Refuse settings a trainer backend cannot honour, naming each."""
-    if dtype not in DTYPES:
-        raise TrainerError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype not in COMPUTE_DTYPES:
+        raise TrainerError(f"dtype must be one of {sorted(COMPUTE_DTYPES)}, got {dtype!r}")
     if max_tokens < 1 or temperature <= 0:
         raise TrainerError(
             f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got {max_tokens} and {temperature}"
@@ -80,14 +80,20 @@ def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: A
         )
 
 
-def old_logprobs_from_update(recipe: Recipe) -> bool:
-    """Whether the update's own first forward can give pi_old (the separate rescoring pass then scores only the
+def scores_in_update(algorithm: AlgorithmConfig, correction: RolloutCorrectionConfig) -> bool:
+    """Whether an update's own first forward can give pi_old (the separate rescoring pass then scores only the
     rows the update skips). Exact when there is one update per step: the policy that forwards is still the one
     that would have rescored, so the log-probs are the same numbers. Not with several updates per step (later
     updates need the pre-update policy) nor with a rejecting correction mode (its kept tokens, and with them the
     update's normaliser, depend on pi_old of every row before the first forward)."""
-    return (recipe.actor.backend == "embedded" and recipe.actor.old_logprobs_from_update
-            and recipe.algorithm.updates_per_step == 1 and recipe.rollout_correction.mode not in REJECTING_MODES)
+    return algorithm.updates_per_step == 1 and correction.mode not in REJECTING_MODES
+
+
+def old_logprobs_from_update(recipe: Recipe) -> bool:
+    """Whether the loop takes pi_old from the update (``scored_train_step``): the recipe asks for it, its trainer
+    backend can (``repro.recipes.backends``), and it is exact (``scores_in_update``)."""
+    return (trainer_of(recipe).scores_in_update and recipe.actor.old_logprobs_from_update
+            and scores_in_update(recipe.algorithm, recipe.rollout_correction))
 
 
 def recipe_settings(recipe: Recipe) -> dict:
@@ -127,8 +133,8 @@ class GRPOUpdate:
 
     @property
     def scores_in_update(self) -> bool:
-        """The update can take pi_old from its own forward (see ``old_logprobs_from_update``)."""
-        return self.algorithm.updates_per_step == 1 and self.correction.mode not in REJECTING_MODES
+        """The update can take pi_old from its own forward (``scores_in_update``)."""
+        return scores_in_update(self.algorithm, self.correction)
 
     def keep_mask(self, batch: TrainBatch) -> torch.Tensor:
         """[B, T] bool: the tokens the loss keeps. Without ``old_logprobs`` (pi_old still to come from the update's
@@ -197,32 +203,13 @@ def update_metrics(stats: UpdateStats, grad_norm: float, lr: float) -> dict[str,
     """verl-named metrics of one update: token means over the rows that went through a forward."""
     per_token = max(stats.tokens, 1.0)
     return {
-        "actor/loss": stats.loss,
-        "actor/grad_norm": grad_norm,
-        "actor/entropy": stats.entropy_sum / max(stats.response_tokens, 1.0),
-        "actor/pg_clipfrac": stats.clipfrac_sum / per_token,
-        "actor/pg_clipfrac_lower": stats.clipfrac_lower_sum / per_token,
-        "actor/ppo_kl": stats.ppo_kl_sum / per_token,
-        "actor/lr": lr,
-        "actor/num_rows_skipped_zero_adv": float(stats.rows_skipped),
-        "actor/micro_batches": float(stats.micro_batches),
+        K.LOSS: stats.loss,
+        K.GRAD_NORM: grad_norm,
+        K.ENTROPY: stats.entropy_sum / max(stats.response_tokens, 1.0),
+        K.PG_CLIPFRAC: stats.clipfrac_sum / per_token,
+        K.PG_CLIPFRAC_LOWER: stats.clipfrac_lower_sum / per_token,
+        K.PPO_KL: stats.ppo_kl_sum / per_token,
+        K.LR: lr,
+        K.ROWS_SKIPPED_ZERO_ADV: float(stats.rows_skipped),
+        K.MICRO_BATCHES: float(stats.micro_batches),
     }
-
-
-def run_train_step(update: GRPOUpdate, optim: OptimConfig, batch: TrainBatch, first_update: int,
-                   accumulate: Callable[[TrainBatch], UpdateStats],
-                   optimizer_step: Callable[[float], float]) -> dict[str, float]:
-    """``updates_per_step`` updates on ``batch``: for each row group, ``accumulate`` backs the update's loss
-    into the gradients (the backend's forward/backward), then ``optimizer_step(lr)`` clips and applies them and
-    returns the pre-clip norm. Returns means over the updates (counts summed; the last update's lr).
-    ``first_update`` is the backend's count of updates so far (it drives the warm-up)."""
-    per_update = []
-    for index, rows in enumerate(update.row_groups(batch)):
-        stats = accumulate(batch.rows(rows))
-        lr = warmup_constant_lr(optim, first_update + index)
-        per_update.append(update_metrics(stats, optimizer_step(lr), lr))
-    metrics = {key: sum(m[key] for m in per_update) / len(per_update) for key in per_update[0]}
-    for key in COUNT_METRICS:
-        metrics[key] = float(sum(m[key] for m in per_update))
-    metrics["actor/lr"] = per_update[-1]["actor/lr"]
-    return metrics

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from repro.train.base import TrainerError
+from repro.recipes.backends import trainer_named
+from repro.train.base import StateParts, TrainerError
 
 FORMAT_VERSION = 1
 STATE_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.safetensors",
@@ -53,8 +54,10 @@ def _load_optimizer(folder: Path) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-def save_trainer(trainer, directory: str | Path, *, backend: str = "embedded", weights=None, hf_config: bool = True) -> Path:
-    """Write ``trainer``'s state to ``directory`` via a temporary sibling folder renamed into place.
+def save_trainer(trainer: StateParts, directory: str | Path, *, backend: str = "embedded", weights=None,
+                 hf_config: bool = True) -> Path:
+    """Write a trainer's state (its ``state_parts()``) to ``directory`` via a temporary sibling folder renamed
+    into place.
 
     ``weights`` (default: the model's state dict) and ``hf_config`` (write config.json) let a backend whose
     model is not a Hugging Face module (Megatron) store the same layout; ``backend`` is recorded and checked.
@@ -85,13 +88,16 @@ def save_trainer(trainer, directory: str | Path, *, backend: str = "embedded", w
     return final
 
 
-def load_trainer(trainer, directory: str | Path, *, backend: str = "embedded", load_weights=None) -> None:
-    """Restore a state written by ``save_trainer`` into ``trainer`` (same backend, architecture and dtype).
+def load_trainer(trainer: StateParts, directory: str | Path, *, backend: str = "embedded",
+                 load_weights=None) -> tuple[int, int]:
+    """Restore a state written by ``save_trainer`` into a trainer's model and optimizer (its ``state_parts()``:
+    same backend, architecture and dtype); returns the saved (step, updates) counters, for the trainer to take.
 
     ``load_weights(weights, source)`` replaces the strict HF ``load_state_dict`` for other backends.
     """
     folder = Path(directory)
-    required = STATE_FILES if backend == "embedded" else tuple(f for f in STATE_FILES if f != "config.json")
+    hf_state = trainer_named(backend, f"load_trainer(backend={backend!r})").hf_state
+    required = STATE_FILES if hf_state else tuple(f for f in STATE_FILES if f != "config.json")
     missing = [name for name in required if not (folder / name).is_file()]
     if missing:
         raise TrainerError(f"trainer state {folder} lacks {missing}")
@@ -128,6 +134,5 @@ def load_trainer(trainer, directory: str | Path, *, backend: str = "embedded", l
     except (ValueError, KeyError) as err:
         raise TrainerError(f"{folder / 'optimizer.safetensors'} does not fit the optimizer: {err}") from err
     torch.set_rng_state(load_file(folder / "rng.safetensors")["torch_cpu"])
-    trainer.step = int(meta["step"])
-    trainer.updates = int(meta["updates"])
     trainer.opt.zero_grad()
+    return int(meta["step"]), int(meta["updates"])

@@ -61,8 +61,8 @@ def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, refer
     import ray
 
     from repro.groups.ray_groups import start_trainer_ranks
-    from repro.sync import verified_stream
-    from repro.sync_group import SyncGroup, receive_all
+    from repro.sync.stream import verified_stream
+    from repro.sync.group import receive_all, SyncGroup
 
     batch, before, metrics, weights, after = reference
     recipe = recipe_for(LAYOUTS[layout], 2)
@@ -79,8 +79,8 @@ def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, refer
         assert got["actor/grad_norm"] > 0.05  # the clip acted: the global norm, not a rank's, set its scale
         sent = group.send_weights(1)
         stages = recipe.actor.pipeline_parallel  # each stage's first rank sends its layers; the others gather
-        assert [a.sender for a in sent.addresses] == list(range(stages))
-        receivers = [SyncGroup(a, rank=1) for a in sent.addresses]  # this test process is the rollout side
+        assert [a.sender for a in sent.source.addresses] == list(range(stages))
+        receivers = [SyncGroup(a, rank=1) for a in sent.source.addresses]  # this test process is the rollout side
         synced = {name: t.clone() for _, named in verified_stream(receive_all(receivers, 1), 1, stages)
                   for name, t in named}
         sent_bytes = ray.get(sent.calls, timeout=300)

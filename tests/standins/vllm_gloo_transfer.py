@@ -4,7 +4,7 @@ vLLM's NCCL engine cannot run on a CPU: its group is a ``PyNcclCommunicator`` (N
 consumer put each buffer on a CUDA stream (``torch.cuda.Stream``, ``torch.accelerator.current_device_index``,
 ``torch.accelerator.synchronize``), all of which raise on a CPU-only torch. Replaced here, and only that:
 
-* the communicator: a gloo group (``repro.sync_group.SyncGroup``'s, on a TCPStore at the same master address,
+* the communicator: a gloo group (``repro.sync.group.SyncGroup``'s, on a TCPStore at the same master address,
   the same ranks vLLM computes) behind the one call vLLM makes of it, ``broadcast(tensor, src, stream=None)``;
 * the streams: ``no_device_streams`` makes the stream calls no-ops while a transfer runs.
 
@@ -54,7 +54,7 @@ class GlooBroadcast:
     """The stand-in communicator: rank ``rank`` of a gloo group of ``world`` at host:port (rank 0 hosts it)."""
 
     def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float = 300.0):
-        from repro.sync_group import SyncAddress, SyncGroup
+        from repro.sync.group import SyncAddress, SyncGroup
 
         self.group = SyncGroup(SyncAddress(host, port, sender=0, receivers=world - 1, backend="gloo",
                                            timeout_s=timeout_s), rank)

@@ -34,7 +34,8 @@ def transfer_engine(model_dir, recipe):
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm_gloo_transfer import BACKEND
 
-    from repro.rollout.vllm_engine import VLLMEngine, engine_args_from_recipe
+    from repro.rollout.vllm_args import engine_args_from_recipe
+    from repro.rollout.vllm_engine import VLLMEngine
 
     args = engine_args_from_recipe(recipe, model_dir)
     assert "weight_transfer_config" not in args  # the CPU lane keeps repro's stream: the test asks for it itself
@@ -56,7 +57,7 @@ def test_two_syncs_through_vllms_engine_change_the_policy_then_restore_it(transf
 
     from repro.model.served import served_from_folder
     from repro.rollout.vllm_transfer import TransferSender, packed_buckets, transfer_address
-    from repro.sync_group import free_address
+    from repro.sync.group import free_address
 
     engine = transfer_engine
     original = checkpoint_tensors(model_dir)
@@ -104,7 +105,7 @@ def test_an_update_info_that_is_not_the_checkpoint_is_refused_and_closes_the_gat
     from repro.model.served import served_from_folder
     from repro.rollout.vllm_engine import VLLMRolloutError
     from repro.rollout.vllm_transfer import transfer_address
-    from repro.sync import SyncError
+    from repro.sync.errors import SyncError
 
     engine = transfer_engine
     good = transfer_address("127.0.0.1", 1, 1, 256 * 1024, served_from_folder(model_dir))

@@ -4,7 +4,9 @@ import torch
 
 from repro.model.tiny_qwen3_moe import BOS_ID, checkpoint_tensors
 from repro.rollout.types import SamplingParams
-from repro.sync import SyncError, pack_buckets
+from repro.sync.errors import SyncError
+from repro.sync.handoff import LocalStream
+from repro.sync.stream import pack_buckets
 
 
 def test_rollout_worker_serves_vllm_and_applies_buckets(model_dir, recipe):
@@ -18,7 +20,8 @@ def test_rollout_worker_serves_vllm_and_applies_buckets(model_dir, recipe):
         before = worker.generate([[BOS_ID, 3, 4]], params)
         weights = checkpoint_tensors(model_dir)
         weights["model.norm.weight"] = weights["model.norm.weight"] * 3  # a different policy
-        stats = worker.receive_weights(pack_buckets(weights.items(), bucket_bytes=256 * 1024, version=1), version=1)
+        stats = worker.receive_weights(LocalStream(pack_buckets(weights.items(), bucket_bytes=256 * 1024, version=1)),
+                                       version=1)
         assert stats.tensors == len(weights) and stats.buckets > 1 and worker.weight_version() == 1
         after = worker.generate([[BOS_ID, 3, 4]], params)
         assert not torch.equal(before.trajectories[0].logprobs[:1], after.trajectories[0].logprobs[:1])
@@ -36,7 +39,7 @@ def test_vllm_workers_stream_over_the_sync_group_and_refuse_after_a_failed_sync(
     import pytest
 
     from repro.rollout.vllm_engine import VLLMRolloutError
-    from repro.sync_group import SyncAddress, SyncGroup, free_address
+    from repro.sync.group import free_address, SyncAddress, SyncGroup
 
     params = SamplingParams(n=2, max_new_tokens=4, seed=5)
     weights = checkpoint_tensors(model_dir)

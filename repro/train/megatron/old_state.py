@@ -8,11 +8,10 @@ hold; a GPU trainer (megatron's optimizer) is refused with the reason. Saving al
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from repro.train.base import TrainerError
+from repro.train.base import StateParts, TrainerError
 
 
 def load_old_format(trainer, folder: Path) -> None:
@@ -34,8 +33,8 @@ def load_old_format(trainer, folder: Path) -> None:
                            "this GPU trainer steps megatron's distributed optimizer, which cannot take it. Resume it "
                            "on the CPU lane, or start from the model weights")
     rank_dir = folder if world == 1 else folder / f"rank-{dist.get_rank():05d}"
-    view = SimpleNamespace(model=trainer.model, opt=trainer.opt.inner, dtype_name=trainer.dtype_name, step=0, updates=0)
-    load_trainer(view, rank_dir, backend="megatron",
-                 load_weights=lambda weights, source: load_weights(trainer.model, weights, source))
-    trainer.step, trainer.updates = view.step, view.updates
+    parts = StateParts(trainer.model, trainer.opt.inner, trainer.dtype_name, step=0, updates=0)
+    trainer.step, trainer.updates = load_trainer(
+        parts, rank_dir, backend="megatron",
+        load_weights=lambda weights, source: load_weights(trainer.model, weights, source))
     trainer.resharded_from = None

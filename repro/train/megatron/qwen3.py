@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from repro.recipes.backends import rollout_of
 from repro.train.base import TrainerError
 
 LAYER_NAMES = {  # megatron (decoder.layers.L.) -> HF (model.layers.L.), one-to-one tensors
@@ -196,5 +197,5 @@ def provider(recipe):
         return full[name]
 
     load_full_weights(model, lookup, source=str(model_dir))
-    on_disk = recipe.rollout.backend == "vllm"  # vLLM reloads checkpoint-format tensors
+    on_disk = rollout_of(recipe).checkpoint_names  # vLLM reloads checkpoint-format tensors
     return model.eval(), lambda weights: megatron_to_hf(weights, hf, on_disk=on_disk)

@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from repro.sync.stream import WIRE_DTYPES
 from repro.train.base import TrainerError
 from repro.train.megatron.parallel import _is_glu, _param_groups, full_names, is_expert, stage_sender
 
@@ -184,8 +185,6 @@ def _send_end(dst: int) -> None:
 
 def _receive_stage(src: int) -> Iterator[tuple[str, torch.Tensor]]:
     """What ``_send_named`` sent from ``src``, up to its end marker, as CPU tensors."""
-    from repro.sync import DTYPES
-
     device = _transport_device()
     while True:
         length = torch.zeros(1, dtype=torch.int64, device=device)
@@ -195,9 +194,9 @@ def _receive_stage(src: int) -> Iterator[tuple[str, torch.Tensor]]:
         data = torch.empty(int(length), dtype=torch.uint8, device=device)
         dist.recv(data, src)
         header = json.loads(bytes(data.cpu().tolist()))
-        if header["dtype"] not in DTYPES:
+        if header["dtype"] not in WIRE_DTYPES:
             raise TrainerError(f"weight stream from rank {src}: tensor {header['name']} has unknown dtype {header['dtype']}")
-        tensor = torch.empty(header["shape"], dtype=DTYPES[header["dtype"]], device=device)
+        tensor = torch.empty(header["shape"], dtype=WIRE_DTYPES[header["dtype"]], device=device)
         dist.recv(tensor, src)
         yield header["name"], tensor.cpu()
 

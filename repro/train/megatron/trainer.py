@@ -10,8 +10,9 @@ Parts:
   ``MegatronTrainer``           the ``Trainer`` protocol on one trainer rank. The update (decoupled TIS weights
                                 fixed up front, zero-advantage rows skipped but counted, token-budget micro-batches
                                 each weighted by its share of the update's normaliser, global-norm clip, fp32-master
-                                AdamW with warm-up) is ``repro.train.grpo_update``, which both backends compose, so
-                                both compute the one loss of ``repro.algos``; this class runs it through megatron's forward/backward
+                                AdamW with warm-up) is ``repro.train.grpo_update`` and the steps around it
+                                ``repro.train.grpo_trainer``, which both backends inherit, so both compute the
+                                one loss of ``repro.algos``; this class runs it through megatron's forward/backward
                                 schedule (1F1B across pipeline stages), scores a vocabulary split over TP ranks,
                                 reduces gradients over DP and takes the clip norm over all model-parallel ranks
                                 (``repro.train.megatron.parallel``), and exports full weights for the sync.
@@ -41,19 +42,19 @@ from typing import Callable, Iterator
 
 import torch
 
+from repro.recipes.backends import TRAINERS
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches, padded_to_multiple
 from repro.train.batch_checks import check_batch
-from repro.train.embedded import cast_for_training
-from repro.train.grpo_update import (
-    DTYPES, GRPOUpdate, UpdateStats, check_settings, recipe_settings, run_train_step,
-)
+from repro.train.grpo_trainer import GRPOTrainer
+from repro.train.grpo_update import GRPOUpdate, UpdateStats, check_settings, recipe_settings
+from repro.train.precision import COMPUTE_DTYPES, cast_for_training
 from repro.train.megatron.config import ddp_config, megatron_layout, optimizer_config
 from repro.train.megatron.optimizers import trainer_optimizer
 from repro.train.megatron.parallel import (
-    RearmOnBackward, ensure_model_parallel, from_last_stage, stage_sender, lockstep_over_data_parallel,
-    sum_over_data_parallel, vocab_parallel_entropy, vocab_parallel_logprobs,
+    RearmOnBackward, ensure_model_parallel, from_last_stage, init_distributed_from_env, lockstep_over_data_parallel,
+    stage_sender, sum_over_data_parallel, vocab_parallel_entropy, vocab_parallel_logprobs,
 )
 from repro.train.megatron.stream_weights import stage_weights, whole_model_weights
 from repro.train.megatron.model import (
@@ -61,8 +62,9 @@ from repro.train.megatron.model import (
 )
 
 
-class MegatronTrainer:
-    """GRPO trainer on a megatron-core model, one instance per trainer rank (see the module docstring).
+class MegatronTrainer(GRPOTrainer):
+    """GRPO trainer on a megatron-core model, one instance per trainer rank (see the module docstring; its steps:
+    ``GRPOTrainer``).
 
     Args:
         model: this rank's megatron-core ``GPTModel`` (its pipeline stage, TP/EP shard) with MoE layers built with
@@ -75,6 +77,8 @@ class MegatronTrainer:
             of one projection, one layer's other tensors, a top-level tensor), never on a whole stage.
         The other arguments are ``EmbeddedTrainer``'s (``repro.train.grpo_update.recipe_settings``).
     """
+
+    capabilities = TRAINERS["megatron"]
 
     def __init__(
         self,
@@ -109,7 +113,7 @@ class MegatronTrainer:
         self.grpo = GRPOUpdate(algorithm or AlgorithmConfig(), rollout_correction or RolloutCorrectionConfig(),
                                skip_zero_advantage_rows)
         check_settings(dtype, max_tokens_per_micro_batch, temperature, self.grpo.algorithm, "megatron")
-        self.dtype_name, self.dtype = dtype, DTYPES[dtype]
+        self.dtype_name, self.dtype = dtype, COMPUTE_DTYPES[dtype]
         self.max_tokens = max_tokens_per_micro_batch
         self.temperature = temperature
         self.replay_routing = replay_routing
@@ -225,10 +229,14 @@ class MegatronTrainer:
             start += rows
         return LogprobResult(logprobs, entropy)
 
-    def _accumulate_gradients(self, batch: TrainBatch) -> UpdateStats:
-        """The GRPO update's loss over ``batch`` through megatron's schedule, backed into the gradients (zeroed
-        first); data-parallel replicas each take their own slice of the forwarded rows."""
-        from megatron.core import parallel_state as ps
+    def accumulate_gradients(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> UpdateStats:
+        """The hook of ``GRPOTrainer``: the GRPO update's loss over ``batch`` through megatron's schedule, backed
+        into the gradients (zeroed first); data-parallel replicas each take their own slice of the forwarded rows.
+        pi_old never comes from here (``capabilities.scores_in_update`` is false): ``logprobs_out`` must be None."""
+        from megatron.core import parallel_state as ps  # optional heavy dependency: the Megatron lane's venv
+
+        if logprobs_out is not None:
+            raise TrainerError("MegatronTrainer.accumulate_gradients: pi_old comes from a separate pass here")
 
         self.opt.zero_grad()
         stats = UpdateStats()
@@ -245,24 +253,6 @@ class MegatronTrainer:
             self._schedule(micros, self.replay_routing, score, forward_only=False)
         return sum_over_data_parallel(from_last_stage(stats))
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """``updates_per_step`` updates on ``batch`` (collective: every rank calls it); the metrics of
-        ``EmbeddedTrainer.train_step``, ``actor/grad_norm`` the global pre-clip norm over all ranks."""
-        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="train_step")
-        metrics = run_train_step(self.grpo, self.optim, batch, self.updates, self._accumulate_gradients,
-                                 self._optimizer_step)
-        self.updates += len(self.grpo.row_groups(batch))
-        self.step += 1
-        return metrics
-
-    def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
-        """name -> fp32 gradient of this rank's shard for the first update's loss on ``batch`` (unclipped)."""
-        check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="gradients")
-        self._accumulate_gradients(batch.rows(self.grpo.row_groups(batch)[0]))
-        grads = {name: g.clone() for name, g in zip(self.opt.names, self.opt.master_grads())}
-        self.opt.zero_grad()
-        return grads
-
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Token-budget micro-batches; under sequence parallelism each padded to a width TP divides."""
         from megatron.core import parallel_state as ps
@@ -273,9 +263,6 @@ class MegatronTrainer:
             micros = [padded_to_multiple(m, tp) for m in micros]
         return micros
 
-    def _optimizer_step(self, lr: float) -> float:
-        return self.opt.step(lr)
-
     # ---- weights and state ---------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -285,12 +272,14 @@ class MegatronTrainer:
         other ranks. Collective: every rank must call it and walk it to the end. No tensor is pickled."""
         yield from whole_model_weights(self.model, self.dtype, self.export_names)
 
-    def stage_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def sync_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What the weight sync sends from this rank: its pipeline stage's full weights on the stage's first rank,
         one tensor at a time (TP/EP shards gathered there per tensor with tensor collectives; ``export_names``
         applied per export unit, e.g. one layer's experts), nothing elsewhere. Collective over the stage: its
         first rank holds one unit at a time, never the stage (``repro.train.megatron.stream_weights``)."""
         yield from stage_weights(self.model, self.dtype, self.export_names)
+
+    stage_weights = sync_weights  # the name the Megatron lane's tests and benchmarks know it by
 
     def sync_sender(self) -> int | None:
         """This rank's sender index in the weight sync (its pipeline stage), or None where it only gathers."""
@@ -334,3 +323,12 @@ def resolve_model_provider(recipe: Recipe) -> Callable[..., torch.nn.Module]:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise TrainerError(f"actor.model_provider={name!r} cannot be imported here: {err}") from err
+
+
+def build_trainer(recipe: Recipe, model_dir: str | Path) -> MegatronTrainer:
+    """The trainer of ``repro.recipes.backends.TRAINERS["megatron"]`` on this rank: joins the torch.distributed
+    world the group started it in (several ranks), then builds its model from ``actor.model_provider`` (so
+    ``model_dir`` is unused)."""
+    if recipe.actor.num_workers > 1:
+        init_distributed_from_env()
+    return MegatronTrainer.from_recipe(recipe)

@@ -12,11 +12,11 @@ to check it.
 Each sender ends its stream with an end marker (a header with ``end`` set and no payload).
 
 Any transport carries the buckets in order: an iterator in one process, or a collective group made for the
-sync (``repro.sync_group``: gloo here, NCCL/RCCL on GPUs). ``verified_stream`` checks every bucket on arrival
+sync (``repro.sync.group``: gloo here, NCCL/RCCL on GPUs). ``verified_stream`` checks every bucket on arrival
 (version, sender, the next index, checksum, no tensor twice) and yields its tensors; the first bad one raises a
-``SyncError`` naming the version and the bucket. Engines apply bucket by bucket between ``SyncGate.begin`` and
-``SyncGate.finish``; a sync that fails half-way leaves the gate closed, so the engine refuses to generate
-(naming the version and the bucket) until a complete sync succeeds: no rollout samples from a half-applied update.
+``BucketError`` naming the version and the bucket. Engines apply bucket by bucket between ``SyncGate.begin`` and
+``SyncGate.finish`` (``repro.sync.apply``); a sync that fails half-way leaves the gate closed, so the engine refuses
+to generate (naming the version and the bucket) until a complete sync succeeds: no rollout samples from a half-applied update.
 
 Measured vs estimated: the checksum's cost and the transport's GB/s are measured by
 ``benchmarks/bench_weight_sync.py``; the cluster figures it prints beside them are labelled estimates.
@@ -25,25 +25,20 @@ Measured vs estimated: the checksum's cost and the transport's GB/s are measured
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
 
-from repro.errors import ReproError
+from repro.sync.errors import BucketError, SyncError
 
 # dtypes a bucket may carry, by the name a header spells them with (no getattr on text from the wire)
-DTYPES = {str(d).removeprefix("torch."): d for d in (
+WIRE_DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz,
     torch.float8_e5m2, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
 ALIGN = 64  # byte alignment of each tensor in a payload (any dtype's element size divides it)
-
-
-class SyncError(ReproError):
-    """A weight-sync bucket is missing, out of order, from another version or sender, or corrupt."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class BucketHeader:
             return cls(int(raw["version"]), int(raw["sender"]), int(raw["index"]), entries, int(raw["nbytes"]),
                        int(raw["checksum"]), bool(raw["end"]))
         except (ValueError, KeyError, TypeError) as err:
-            raise SyncError(f"{where}: unreadable bucket header ({err})") from err
+            raise BucketError(f"{where}: unreadable bucket header ({err})") from err
 
 
 @dataclass(frozen=True)
@@ -132,8 +127,8 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def _entry(name: str, tensor: torch.Tensor, offset: int) -> TensorEntry:
     dtype = str(tensor.dtype).removeprefix("torch.")
-    if dtype not in DTYPES:
-        raise SyncError(f"tensor {name}: dtype {dtype} cannot be sent (known: {sorted(DTYPES)})")
+    if dtype not in WIRE_DTYPES:
+        raise SyncError(f"tensor {name}: dtype {dtype} cannot be sent (known: {sorted(WIRE_DTYPES)})")
     return TensorEntry(name, dtype, tuple(tensor.shape), offset, tensor.numel() * tensor.element_size())
 
 
@@ -180,10 +175,10 @@ def unpack(bucket: PackedBucket) -> list[tuple[str, torch.Tensor]]:
     """The bucket's tensors as views of its payload (copy them before the payload is reused)."""
     out = []
     for e in bucket.header.entries:
-        dtype = DTYPES.get(e.dtype)
+        dtype = WIRE_DTYPES.get(e.dtype)
         if dtype is None or e.offset < 0 or e.offset + e.nbytes > bucket.payload.numel():
-            raise SyncError(f"{bucket.label}: tensor {e.name} ({e.dtype}, bytes {e.offset}+{e.nbytes}) does not fit "
-                            f"its {bucket.payload.numel()}-byte payload")
+            raise BucketError(f"weight sync v{bucket.header.version}: {bucket.label}: tensor {e.name} ({e.dtype}, "
+                              f"bytes {e.offset}+{e.nbytes}) does not fit its {bucket.payload.numel()}-byte payload")
         out.append((e.name, bucket.payload[e.offset: e.offset + e.nbytes].view(dtype).reshape(e.shape)))
     return out
 
@@ -191,7 +186,7 @@ def unpack(bucket: PackedBucket) -> list[tuple[str, torch.Tensor]]:
 def verified_stream(buckets: Iterable[PackedBucket], version: int, senders: int
                     ) -> Iterator[tuple[str, list[tuple[str, torch.Tensor]]]]:
     """(label, tensors) of every bucket of ``senders`` senders, checked on arrival; the stream must hold each
-    sender's buckets 0, 1, ... and its end marker, senders in order. Raises ``SyncError`` naming the bucket."""
+    sender's buckets 0, 1, ... and its end marker, senders in order. Raises ``BucketError`` naming the bucket."""
     names: set[str] = set()
     stream = iter(buckets)
     for sender in range(senders):
@@ -200,91 +195,22 @@ def verified_stream(buckets: Iterable[PackedBucket], version: int, senders: int
             where = f"weight sync v{version}: bucket {expected} of sender {sender}"
             bucket = next(stream, None)
             if bucket is None:
-                raise SyncError(f"{where}: the stream ended before it arrived")
+                raise BucketError(f"{where}: the stream ended before it arrived")
             h = bucket.header
             if (h.version, h.sender, h.index) != (version, sender, expected):
-                raise SyncError(f"{where}: got bucket {h.index} of sender {h.sender} of v{h.version} instead "
+                raise BucketError(f"{where}: got bucket {h.index} of sender {h.sender} of v{h.version} instead "
                                 "(a bucket was lost or reordered)")
             if bucket.payload.numel() != h.nbytes or payload_checksum(bucket.payload) != h.checksum:
-                raise SyncError(f"{where}: payload fails its checksum ({bucket.payload.numel()} of {h.nbytes} bytes)")
+                raise BucketError(f"{where}: payload fails its checksum ({bucket.payload.numel()} of {h.nbytes} bytes)")
             if h.end:
                 break
             tensors = unpack(bucket)
             for name, _ in tensors:
                 if name in names:
-                    raise SyncError(f"{where}: tensor {name} arrived twice")
+                    raise BucketError(f"{where}: tensor {name} arrived twice")
                 names.add(name)
             yield f"bucket {h.index} of sender {sender}", tensors
             expected += 1
     extra = next(stream, None)
     if extra is not None:
-        raise SyncError(f"weight sync v{version}: {extra.label} arrived after every sender's end marker")
-
-
-@dataclass(frozen=True)
-class SyncStats:
-    version: int
-    buckets: int
-    tensors: int
-    nbytes: int
-    seconds: float
-
-    @property
-    def gbps(self) -> float:
-        """GB/s (10^9 bytes) over transport, checks and the engine's apply (FP8 re-quantisation included)."""
-        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("nan")
-
-
-class SyncGate:
-    """Whether an engine may generate: closed from ``begin`` until ``finish``; a ``fail``ed sync keeps it closed,
-    with the failure's message, until a later sync finishes."""
-
-    def __init__(self):
-        self.syncing: int | None = None
-        self.failure: str | None = None
-
-    def begin(self, version: int) -> None:
-        self.syncing = version
-
-    def fail(self, message: str) -> None:
-        self.failure = message
-
-    def finish(self) -> None:
-        self.syncing, self.failure = None, None
-
-    def check(self, error: type[Exception]) -> None:
-        if self.failure is not None:
-            raise error(f"generate refused: weight sync v{self.syncing} failed ({self.failure}); the engine holds a "
-                        "partly applied update until a complete sync succeeds")
-        if self.syncing is not None:
-            raise error(f"generate refused: syncing weights v{self.syncing}")
-
-
-def apply_stream(engine, buckets: Iterable[PackedBucket], version: int, senders: int = 1) -> SyncStats:
-    """Check and apply ``buckets`` bucket by bucket through ``engine.begin_sync/apply_bucket/finish_sync``; any
-    failure marks the engine's gate failed (naming the bucket) and is raised. Times the whole."""
-    start = time.perf_counter()
-    count = tensors = nbytes = 0
-    engine.begin_sync(version)
-    label = "before the first bucket"
-    try:
-        for label, named in verified_stream(buckets, version, senders):
-            engine.apply_bucket(named, version, label)
-            count, tensors = count + 1, tensors + len(named)
-            nbytes += sum(t.numel() * t.element_size() for _, t in named)
-        label = "after the last bucket"
-        engine.finish_sync(version)
-    except Exception as err:
-        engine.gate.fail(str(err) if " bucket " in str(err) else f"weight sync v{version}, {label}: {err}")
-        raise
-    return SyncStats(version, count, tensors, nbytes, time.perf_counter() - start)
-
-
-def drain(stream: Iterable) -> None:
-    """Read a failed sync's stream to its end so its senders finish their broadcasts instead of blocking on a
-    receiver that left; what the rest of it would have raised is moot (the sync already failed)."""
-    try:
-        for _ in stream:
-            pass
-    except SyncError:
-        pass
+        raise BucketError(f"weight sync v{version}: {extra.label} arrived after every sender's end marker")

@@ -16,12 +16,13 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from repro.sync import BucketHeader, PackedBucket, SyncError
+from repro.sync.errors import BucketError, SyncError
+from repro.sync.stream import BucketHeader, PackedBucket
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class SyncAddress:
     def world(self) -> int:
         return 1 + self.receivers
 
+    @property
+    def on_host(self) -> bool:
+        """Whether the transport carries host memory (gloo), so a receiver takes the buckets on the CPU."""
+        return PROCESS_GROUPS[self.backend].on_host
+
 
 def free_address(host: str | None = None) -> tuple[str, int]:
     """This node's address and a port free now (the sender binds it moments later)."""
@@ -46,6 +52,26 @@ def free_address(host: str | None = None) -> tuple[str, int]:
     with socket.socket() as sock:
         sock.bind(("", 0))
         return host, sock.getsockname()[1]
+
+
+def _gloo(store: dist.Store, rank: int, world: int, timeout: timedelta) -> dist.ProcessGroup:
+    return dist.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def _nccl(store: dist.Store, rank: int, world: int, timeout: timedelta) -> dist.ProcessGroup:
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world, options)
+
+
+@dataclass(frozen=True)
+class Transport:
+    build: Callable[[dist.Store, int, int, timedelta], dist.ProcessGroup]
+    on_host: bool  # carries host tensors (gloo), else device ones (NCCL, RCCL on ROCm)
+
+
+# SyncAddress.backend -> its transport
+PROCESS_GROUPS = {"gloo": Transport(_gloo, on_host=True), "nccl": Transport(_nccl, on_host=False)}
 
 
 class SyncGroup:
@@ -59,14 +85,9 @@ class SyncGroup:
         try:
             store = dist.TCPStore(address.host, address.port, address.world, is_master=rank == 0, timeout=timeout)
             store = dist.PrefixStore(f"repro-weight-sync-{address.sender}", store)
-            if address.backend == "gloo":
-                self.pg = dist.ProcessGroupGloo(store, rank, address.world, timeout)
-            elif address.backend == "nccl":
-                options = dist.ProcessGroupNCCL.Options()
-                options._timeout = timeout
-                self.pg = dist.ProcessGroupNCCL(store, rank, address.world, options)
-            else:
-                raise SyncError(f"weight sync backend {address.backend!r}: gloo or nccl")
+            if address.backend not in PROCESS_GROUPS:
+                raise SyncError(f"weight sync backend {address.backend!r}: one of {sorted(PROCESS_GROUPS)}")
+            self.pg = PROCESS_GROUPS[address.backend].build(store, rank, address.world, timeout)
         except (RuntimeError, dist.DistError) as err:
             raise SyncError(f"sync group of sender {address.sender} at {address.host}:{address.port} did not form "
                             f"as rank {rank} of {address.world}: {err}") from err
@@ -110,7 +131,7 @@ class SyncGroup:
                 if nbytes:
                     payload = self._broadcast(payload)
             except (RuntimeError, dist.DistError) as err:
-                raise SyncError(f"{where}: the transport failed while it was on its way "
+                raise BucketError(f"{where}: the transport failed while it was on its way "
                                 f"(sender dead or stalled past {self.address.timeout_s:g} s?): {err}") from err
             yield PackedBucket(header, payload)
             if header.end:
@@ -119,6 +140,6 @@ class SyncGroup:
 
 
 def receive_all(groups: list[SyncGroup], version: int) -> Iterator[PackedBucket]:
-    """Every sender's stream, sender 0 first (``repro.sync.verified_stream`` expects that order)."""
+    """Every sender's stream, sender 0 first (``repro.sync.stream.verified_stream`` expects that order)."""
     for group in sorted(groups, key=lambda g: g.address.sender):
         yield from group.receive(version)
