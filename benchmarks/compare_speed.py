@@ -62,6 +62,11 @@ def main() -> None:
     parser.add_argument("--modes", default="ray,in-process", help="comma-separated: ray, in-process")
     args = parser.parse_args()
     trees = {"A": args.tree_a.resolve(), "B": args.tree_b.resolve()}
+    for label, tree in trees.items():
+        if not (tree / "repro" / "__init__.py").is_file():
+            parser.error(f"tree_{label.lower()}: {tree} is not a checkout of repro (no repro/__init__.py there)")
+    if args.rounds < 1 or args.steps < 1:
+        parser.error("--rounds and --steps must be at least 1")
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
         if mode not in ("ray", "in-process"):

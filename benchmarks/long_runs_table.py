@@ -20,7 +20,7 @@ import tempfile
 
 from repro.analysis import load_run
 from repro.analysis import mismatch_attribution as ma
-from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL
+from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, MetricsError
 from repro.analysis.summary import mismatch_by_position, phase_means
 from repro.recipes import resolve_path
 
@@ -92,7 +92,10 @@ def main() -> None:
         label, _, run_dir = spec.partition("=")
         if not run_dir:
             parser.error(f"{spec!r}: expected LABEL=RUN_DIR")
-        frames = load_run(run_dir)
+        try:
+            frames = load_run(run_dir)
+        except MetricsError as err:
+            parser.error(f"{spec}: {err}")
         learning[label], timing[label] = learning_row(frames), timing_row(frames)
         positions += position_rows(label, frames)
     pd.set_option("display.width", 220)
