@@ -61,3 +61,14 @@ def test_fault_table_sets_k1_against_amds():
             {"fault": "a", "source": "s", "seed": 1, "k1": 0.4, "ess": 0.8}]
     table = mf.fault_frame(rows)
     assert table.loc[0, "k1"] == pytest.approx(0.3) and table.loc[0, "k1 / AMD's"] == pytest.approx(0.3 / 0.4706)
+
+
+def test_seeds_given_as_text_are_refused_naming_the_parameter():
+    """papermill's ``-p seeds '[0]'`` hands the notebook the text '[0]'; the studies say so instead of failing
+    inside torch.manual_seed."""
+    from repro.analysis.mismatch_sources import checked_seeds
+
+    assert checked_seeds([0, 1]) == [0, 1]
+    for bad in ("[0]", [], [0.5], [True], None):
+        with pytest.raises(ValueError, match="study_seeds: expected a non-empty list of integer seeds"):
+            checked_seeds(bad, "study_seeds")

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from repro.algos import rollout_corr_metrics
-from repro.analysis.mismatch_sources import ALL_ON, recipe_prompts
+from repro.analysis.mismatch_sources import ALL_ON, checked_seeds, recipe_prompts
 from repro.fp8.quant import dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block
 from repro.data.recipe_datasets import load_dataset
 from repro.fp8.rules import decide
@@ -197,6 +197,7 @@ def measure_faults(recipe: str | Recipe, prompts: int, n: int, seeds: list[int],
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     folder = resolve_path(recipe.model.path) if not model_dir else Path(model_dir)
     stale = resolve_path(recipe.model.path) if not stale_dir else Path(stale_dir)
+    seeds = checked_seeds(seeds)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

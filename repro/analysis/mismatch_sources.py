@@ -203,9 +203,19 @@ def measure_seeds(recipe: str | Recipe, prompts: int, n: int, seeds: list[int], 
     return over_seeds(lambda seed: measure_sources(recipe, prompts, n, seed, bucket_width, model_dir), seeds)
 
 
+def checked_seeds(seeds, name: str = "seeds") -> list[int]:
+    """``seeds`` as a non-empty list of ints, or a ValueError naming the parameter (papermill's ``-p`` hands a
+    list over as its text: ``-y 'seeds: [0, 1]'`` passes a list)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (list, tuple)) or not seeds \
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"{name}: expected a non-empty list of integer seeds, got {seeds!r}")
+    return list(seeds)
+
+
 def over_seeds(measure, seeds: list[int]) -> dict:
     """``measure(seed)`` for every seed on one torch thread, its ``summary`` / ``positions`` / ``lumenrl_buckets``
     rows concatenated and its ``decode_gap`` listed, one per seed."""
+    seeds = checked_seeds(seeds)
     out = {"summary": [], "positions": [], "lumenrl_buckets": [], "decode_gap": []}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
