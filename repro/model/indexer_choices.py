@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from repro.errors import ReproError
+from repro.model.routing import LayerHooks
 
 
 class IndexerError(ReproError):
@@ -38,7 +39,7 @@ def indexers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     return found
 
 
-class IndexerChoices:
+class IndexerChoices(LayerHooks):
     """``with IndexerChoices(model) as rec: model(...)`` records each CSA layer's choices (``rec.choices``:
     layer -> [batch, seq, k] int64, one forward); ``IndexerChoices(model, replay=choices)`` forces them instead.
     Replay needs one forward of the recorded batch and length (a full forward, as the rescoring and the trainer
@@ -69,14 +70,8 @@ class IndexerChoices:
 
         return hook
 
-    def __enter__(self):
-        self._handles = [m.register_forward_hook(self._hook(i)) for i, m in self.indexers.items()]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+    def _hooked(self) -> dict[int, torch.nn.Module]:
+        return self.indexers
 
 
 def choice_disagreement(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,23 +57,35 @@ def recordable_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     return routers
 
 
-class _RouterHooks:
-    """A forward hook on every top-k router of one model while the ``with`` block runs; ``_hook(layer)`` makes it."""
+class LayerHooks:
+    """A forward hook on each module of ``_hooked()`` (layer index -> module) while the ``with`` block runs;
+    ``_hook(layer)`` makes it. Shared by the routing record/replay here and the indexer's (``indexer_choices``)."""
 
-    routers: dict[int, DeepseekV4TopKRouter]
     _handles: list
+
+    def _hooked(self) -> dict[int, torch.nn.Module]:
+        raise NotImplementedError
 
     def _hook(self, layer: int):
         raise NotImplementedError
 
     def __enter__(self):
-        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in self.routers.items()]
+        self._handles = [m.register_forward_hook(self._hook(i)) for i, m in self._hooked().items()]
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+class _RouterHooks(LayerHooks):
+    """``LayerHooks`` on every top-k router of one model."""
+
+    routers: dict[int, DeepseekV4TopKRouter]
+
+    def _hooked(self) -> dict[int, torch.nn.Module]:
+        return self.routers
 
 
 class RoutingRecorder(_RouterHooks):
