@@ -33,6 +33,7 @@ from repro.train.grpo_trainer import GRPOTrainer
 from repro.train.grpo_update import GRPOUpdate, UpdatePlan, UpdateStats, check_settings, recipe_settings
 from repro.train.optimizer import MasterAdamW
 from repro.train.precision import COMPUTE_DTYPES, cast_for_training
+from repro.train.stable_shapes import use_stable_gemm_shapes
 from repro.train.threads import ThreadedReplicas, balanced_shares
 
 
@@ -86,6 +87,8 @@ class EmbeddedTrainer(GRPOTrainer):
         v4 = self.served.layout in (layouts.DEEPSEEK, layouts.HF)
         self.model = cast_for_training(model, dtype, keep_fp32=layouts.keeps_fp32 if v4 else (lambda name: False))
         use_entrywise_hyper_connections(self.model)  # same numbers, ~25% less forward + backward time on CPU
+        if self.dtype == torch.bfloat16:  # BF16 matmuls run through shape-specific oneDNN primitives; FP32 through MKL
+            use_stable_gemm_shapes(self.model)  # same numbers, a few row counts per weight for the whole run
         self.routers = topk_routers(model)
         self.opt = MasterAdamW(model, self.optim)
         self.replicas = ThreadedReplicas(self.model, update_threads)
