@@ -252,5 +252,7 @@ def test_cpu_workers_sleep_their_idle_threads_only_when_they_have_several(monkey
     from repro.train import threads
 
     monkeypatch.setattr(threads, "usable_cores", lambda: 2)
-    assert cpu_worker_env(1) == {"OMP_NUM_THREADS": "1"}
-    assert cpu_worker_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert cpu_worker_env(1) == {"OMP_NUM_THREADS": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+    assert cpu_worker_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE",
+                                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}

@@ -81,7 +81,10 @@ def test_an_error_in_any_thread_is_raised_after_every_thread_has_finished():
 
 def test_worker_threads_are_capped_by_the_cores_this_process_may_use(monkeypatch):
     monkeypatch.setattr(threads, "usable_cores", lambda: 1)
-    assert worker_thread_env(4) == {"OMP_NUM_THREADS": "1"}
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert worker_thread_env(4) == {"OMP_NUM_THREADS": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")  # the user's cache size wins
+    assert worker_thread_env(4)["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
     monkeypatch.setattr(threads, "usable_cores", lambda: 3)
     assert worker_thread_env(4)["OMP_NUM_THREADS"] == "3"
 
@@ -91,8 +94,10 @@ def test_in_process_runs_take_the_workers_thread_settings(monkeypatch):
     monkeypatch.setattr(threads, "usable_cores", lambda: 2)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins where it is set
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (registered: the test leaves the environment as it was)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
     try:
-        assert use_worker_threads(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"}
+        assert use_worker_threads(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE",
+                                         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
         assert torch.get_num_threads() == 2
         use_worker_threads(1)
         assert torch.get_num_threads() == 1

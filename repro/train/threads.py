@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 Job = Callable[[torch.nn.Module], None]
+PRIMITIVE_CACHE_CAPACITY = "1024"  # oneDNN's default, written down: it holds a run's padded shapes (worker_thread_env)
 
 
 def usable_cores() -> int:
@@ -43,12 +44,14 @@ def worker_thread_env(threads: int) -> dict[str, str]:
     idle threads spin by default, though, which would steal the cores from the other worker's phase, so with more
     than one thread they are told to sleep instead.
 
-    oneDNN's primitive cache is left at its default (1,024): the update creates ~400-470 BF16 matmul primitives a
-    step (new micro-batch and expert row counts), and a larger cache would hit more often (295 instead of 405 new
-    at the sixth step with 16,384) but each cached primitive held ~0.5 MiB here (3,000 shapes: RSS +916 MiB at
-    1,024, +1,932 MiB at 8,192), so a cache that holds a run's shapes would cost gigabytes."""
+    oneDNN's primitive cache (BF16 matmuls) holds ``PRIMITIVE_CACHE_CAPACITY`` (the user's
+    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` wins): the trainer's GEMMs run at a few padded row counts
+    (``repro.train.stable_shapes``), and 25 in-process tiny steps made 1,239 primitives in all at 1,024 (2,048: 1,231;
+    512: 1,615; 256: 2,242) -- after the first steps only the attention's and hyper-connections' batched matmuls,
+    whose shapes follow each micro-batch's rows and width, are new. RSS at the end: 2,049 MiB at 1,024, 1,990 at 512."""
     threads = max(1, min(threads, usable_cores()))
-    env = {"OMP_NUM_THREADS": str(threads)}
+    env = {"OMP_NUM_THREADS": str(threads),
+           "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", PRIMITIVE_CACHE_CAPACITY)}
     if threads > 1:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
