@@ -93,7 +93,7 @@ def padded_grouped_mm_experts(
     padded_counts = counts + (-counts % ROW_MULTIPLE)
     padded_offsets = torch.cumsum(padded_counts, dim=0)
     shift = (padded_offsets - padded_counts) - (torch.cumsum(counts, dim=0) - counts)  # per expert
-    rows = torch.arange(expert_ids_g.numel()) + shift[expert_ids_g]
+    rows = torch.arange(expert_ids_g.numel(), device=perm.device) + shift[expert_ids_g]
     total = int(padded_offsets[-1])
     padded_in = selected.new_zeros(total, hidden_dim).index_copy(0, rows, selected)
     offsets = padded_offsets.to(torch.int32)
@@ -101,7 +101,7 @@ def padded_grouped_mm_experts(
     out = _grouped_linear(gated, experts.down_proj, offsets).index_select(0, rows)
     weighted = out * sample_weights_g.unsqueeze(-1)
     inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.size(0))
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
     return weighted[inverse].view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
 
 
