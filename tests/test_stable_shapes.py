@@ -95,6 +95,15 @@ def test_experts_refuse_layouts_they_do_not_pad():
                                   torch.ones(2, 2, dtype=torch.bfloat16))
 
 
+def test_a_model_with_experts_it_does_not_pad_keeps_grouped_mm():
+    """Checked when switching, not at the first forward: one expert-parallel layer leaves every layer on transformers'
+    grouped_mm (the linears are still padded)."""
+    model = _tiny_bf16()
+    model.model.layers[2].mlp.experts._is_expert_parallel = True
+    assert use_stable_gemm_shapes(model) == 47
+    assert model.config._experts_implementation == "grouped_mm"
+
+
 def test_whole_model_same_logits_and_gradients():
     """The BF16 trainer's model, every linear and the experts switched: logits and every parameter's gradient bit
     for bit the unswitched model's, on micro-batch shapes from one row to a full 128 x 22."""

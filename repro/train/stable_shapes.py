@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear
-from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4GroupedLinear
+from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts, DeepseekV4GroupedLinear
 
 ROW_MULTIPLE = 64  # rows are padded up to a multiple of this: <= 4% more work at the tiny trainer's ~1,600 tokens
 EXPERTS_IMPLEMENTATION = "repro_padded_grouped_mm"
@@ -36,20 +36,16 @@ def padded_count(rows: int, multiple: int = ROW_MULTIPLE) -> int:
     return rows + (-rows % multiple)
 
 
-def pad_rows(x2d: torch.Tensor, rows: int) -> torch.Tensor:
-    """[r, k] -> [rows, k]: zero rows appended (autograd's backward of it is the slice of the real rows)."""
-    return F.pad(x2d, (0, 0, 0, rows - x2d.shape[0]))
-
-
 class PaddedRowsLinear(nn.Linear):
     """``nn.Linear`` whose matmul sees its [..., k] input as [rows, k] padded to ``padded_count(rows)`` rows."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         padded = padded_count(rows)
-        if padded == rows or rows == 0:
+        if padded == rows:
             return super().forward(x)
-        out = F.linear(pad_rows(x.reshape(rows, x.shape[-1]), padded), self.weight, self.bias)
+        # zero rows appended; autograd's backward of the pad is the slice of the real rows
+        out = F.linear(F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, padded - rows)), self.weight, self.bias)
         return out[:rows].view(*x.shape[:-1], out.shape[-1])
 
 
@@ -69,6 +65,13 @@ class PaddedRowsGroupedLinear(DeepseekV4GroupedLinear):
         return y.reshape(*input_shape, self.n_groups, -1)
 
 
+def pads_experts(experts: nn.Module) -> bool:
+    """Whether ``padded_grouped_mm_experts`` computes these experts: DeepSeek-V4's layout (gated, bias-free,
+    not transposed, no post-expert norm) on one rank."""
+    return isinstance(experts, DeepseekV4Experts) and experts.has_gate and not (
+        experts.has_bias or experts.is_transposed or experts._is_expert_parallel or experts.has_post_expert_norm)
+
+
 def padded_grouped_mm_experts(
     experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
@@ -79,8 +82,7 @@ def padded_grouped_mm_experts(
     the library does; sorted row r of expert e sits at row r + (padded_start[e] - start[e]) of the padded layout.
     Gated, non-transposed, bias-free, single-rank experts only (DeepSeek-V4's); others are refused.
     """
-    if not experts.has_gate or experts.has_bias or experts.is_transposed or experts._is_expert_parallel \
-            or experts.has_post_expert_norm:
+    if not pads_experts(experts):
         raise NotImplementedError(f"{EXPERTS_IMPLEMENTATION}: only gated, bias-free, non-transposed experts on one "
                                   f"rank (DeepSeek-V4's); got {type(experts).__name__}")
     num_top_k, num_tokens, hidden_dim = top_k_index.size(-1), hidden_states.size(0), hidden_states.size(-1)
@@ -110,8 +112,9 @@ ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, padded_grouped_mm_experts
 
 def use_stable_gemm_shapes(model: nn.Module) -> int:
     """Switch ``model`` (in place, this instance only) to row-padded GEMMs: its plain and grouped linears, and its
-    routed experts through the registered experts implementation. Returns how many linears were switched."""
-    switched = 0
+    routed experts through the registered experts implementation where it computes every one of them (otherwise
+    they keep transformers' ``grouped_mm``). Returns how many linears were switched."""
+    switched, experts = 0, []
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = PaddedRowsLinear
@@ -119,6 +122,8 @@ def use_stable_gemm_shapes(model: nn.Module) -> int:
         elif type(module) is DeepseekV4GroupedLinear:
             module.__class__ = PaddedRowsGroupedLinear
             switched += 1
-    if model.config._experts_implementation == "grouped_mm":
+        elif isinstance(module, DeepseekV4Experts):
+            experts.append(module)
+    if model.config._experts_implementation == "grouped_mm" and experts and all(map(pads_experts, experts)):
         model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
     return switched
