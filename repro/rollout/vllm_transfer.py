@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from repro.devices import current_accelerator
 from repro.model.served import ServedWeights
 from repro.sync.errors import SyncError
 from repro.sync.stream import WIRE_DTYPES
@@ -200,7 +201,7 @@ class TransferSender:
 
 def _mover(device: torch.device | None) -> Callable[[tuple[str, torch.Tensor]], torch.Tensor]:
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        device = current_accelerator() if torch.cuda.is_available() else None
 
     def to_device(item: tuple[str, torch.Tensor]) -> torch.Tensor:
         tensor = item[1]

@@ -177,8 +177,8 @@ class ReproWorkerExtension:
 
         wanted = [SyncAddress(**a) for a in addresses]
         known = {g.address: g for g in getattr(self, "_repro_sync_groups", [])}
-        device = "cpu" if wanted[0].on_host else self.device
-        self._repro_sync_groups = [known.get(a) or SyncGroup(a, 1 + getattr(self, "rank", 0), device) for a in wanted]
+        # each group's transport puts its buffers where it carries them: this worker's GPU on NCCL, the host on gloo
+        self._repro_sync_groups = [known.get(a) or SyncGroup(a, 1 + getattr(self, "rank", 0)) for a in wanted]
         stream = receive_all(self._repro_sync_groups, version)
         buckets = tensors = nbytes = 0
         arrived: set[str] = set()

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from repro.devices import collective_device
 from repro.sync.errors import BucketError, SyncError
 from repro.sync.stream import BucketHeader, PackedBucket
 
@@ -39,11 +40,6 @@ class SyncAddress:
     @property
     def world(self) -> int:
         return 1 + self.receivers
-
-    @property
-    def on_host(self) -> bool:
-        """Whether the transport carries host memory (gloo), so a receiver takes the buckets on the CPU."""
-        return PROCESS_GROUPS[self.backend].on_host
 
 
 def free_address(host: str | None = None) -> tuple[str, int]:
@@ -67,38 +63,53 @@ def _nccl(store: dist.Store, rank: int, world: int, timeout: timedelta) -> dist.
 @dataclass(frozen=True)
 class Transport:
     build: Callable[[dist.Store, int, int, timedelta], dist.ProcessGroup]
-    on_host: bool  # carries host tensors (gloo), else device ones (NCCL, RCCL on ROCm)
+    backend: str  # the collective backend, which decides where its tensors live (repro.devices.collective_device)
+
+    @property
+    def on_host(self) -> bool:
+        """Whether it carries host tensors (gloo), else device ones (NCCL, RCCL on ROCm)."""
+        return self.backend != "nccl"
+
+    def device(self) -> torch.device:
+        """Where every tensor of a broadcast must be: this process's current GPU for NCCL, the host for gloo."""
+        return collective_device(self.backend)
 
 
 # SyncAddress.backend -> its transport
-PROCESS_GROUPS = {"gloo": Transport(_gloo, on_host=True), "nccl": Transport(_nccl, on_host=False)}
+PROCESS_GROUPS = {"gloo": Transport(_gloo, "gloo"), "nccl": Transport(_nccl, "nccl")}
 
 
 class SyncGroup:
     """One sender's group, from one member's side: ``rank`` 0 is the sender, 1..R the receivers."""
 
-    def __init__(self, address: SyncAddress, rank: int, device: str | torch.device = "cpu"):
+    def __init__(self, address: SyncAddress, rank: int):
         if not 0 <= rank < address.world:
             raise SyncError(f"sync group of sender {address.sender}: rank {rank} outside 0..{address.world - 1}")
-        self.address, self.rank, self.device = address, rank, torch.device(device)
+        if address.backend not in PROCESS_GROUPS:
+            raise SyncError(f"weight sync backend {address.backend!r}: one of {sorted(PROCESS_GROUPS)}")
+        transport = PROCESS_GROUPS[address.backend]
+        # the transport decides where this member's tensors live (NCCL: its current GPU), not the caller
+        self.address, self.rank, self.device = address, rank, transport.device()
         timeout = timedelta(seconds=address.timeout_s)
         try:
             store = dist.TCPStore(address.host, address.port, address.world, is_master=rank == 0, timeout=timeout)
             store = dist.PrefixStore(f"repro-weight-sync-{address.sender}", store)
-            if address.backend not in PROCESS_GROUPS:
-                raise SyncError(f"weight sync backend {address.backend!r}: one of {sorted(PROCESS_GROUPS)}")
-            self.pg = PROCESS_GROUPS[address.backend].build(store, rank, address.world, timeout)
+            self.pg = transport.build(store, rank, address.world, timeout)
         except (RuntimeError, dist.DistError) as err:
             raise SyncError(f"sync group of sender {address.sender} at {address.host}:{address.port} did not form "
                             f"as rank {rank} of {address.world}: {err}") from err
         self._store = store  # the sender hosts the rendezvous: keep it alive with the group
 
-    def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _broadcast(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """Broadcast ``tensor`` from rank 0 in place. As strict as ProcessGroupNCCL on every transport: a tensor that
+        is not on the group's device is refused (gloo would copy it silently; NCCL throws), never moved here."""
+        if tensor.device != self.device:
+            raise SyncError(f"sync group of sender {self.address.sender} ({self.address.backend}): {what} is on "
+                            f"{tensor.device}, the transport carries {self.device} tensors")
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
-        on_device = tensor.to(self.device) if tensor.device != self.device else tensor
-        self.pg.broadcast([on_device], options).wait()
-        return on_device
+        self.pg.broadcast([tensor], options).wait()
+        return tensor
 
     def send(self, buckets: Iterable[PackedBucket]) -> int:
         """Broadcast every bucket (the stream must end with its end marker); returns the payload bytes sent."""
@@ -107,10 +118,11 @@ class SyncGroup:
         sent = 0
         for bucket in buckets:
             header = bucket.header.encode()
-            self._broadcast(torch.tensor([len(header), bucket.header.nbytes], dtype=torch.int64))
-            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            self._broadcast(torch.tensor([len(header), bucket.header.nbytes], dtype=torch.int64, device=self.device),
+                            "the sizes")
+            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.device), "the header")
             if bucket.header.nbytes:
-                self._broadcast(bucket.payload)
+                self._broadcast(bucket.payload, f"the payload of {bucket.label}")
             sent += bucket.header.nbytes
             del bucket  # the sender makes the next bucket with this one freed: two buckets at most
         return sent
@@ -121,15 +133,15 @@ class SyncGroup:
         while True:
             where = f"weight sync v{version}: bucket {index} of sender {self.address.sender}"
             try:
-                sizes = self._broadcast(torch.zeros(2, dtype=torch.int64)).cpu()
+                sizes = self._broadcast(torch.zeros(2, dtype=torch.int64, device=self.device), "the sizes").cpu()
                 header_len, nbytes = int(sizes[0]), int(sizes[1])
-                raw = self._broadcast(torch.empty(header_len, dtype=torch.uint8)).cpu()
-                header = BucketHeader.decode(raw.numpy().tobytes(), where)
+                raw = self._broadcast(torch.empty(header_len, dtype=torch.uint8, device=self.device), "the header")
+                header = BucketHeader.decode(raw.cpu().numpy().tobytes(), where)
                 # the payload stays where the transport put it (the GPU on NCCL): the checksum and the engine's
                 # load_weights read it there
                 payload = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
                 if nbytes:
-                    payload = self._broadcast(payload)
+                    payload = self._broadcast(payload, "the payload")
             except (RuntimeError, dist.DistError) as err:
                 raise BucketError(f"{where}: the transport failed while it was on its way "
                                 f"(sender dead or stalled past {self.address.timeout_s:g} s?): {err}") from err

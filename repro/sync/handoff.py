@@ -16,10 +16,11 @@ themselves (``RolloutCapabilities.workers_join_groups``: vLLM) or the serving li
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import torch
 
+from repro.devices import settle
 from repro.rollout.base import RolloutEngine
 from repro.rollout.vllm_transfer import TransferAddress, TransferSender
 from repro.sync.apply import SyncStats, apply_stream, drain
@@ -46,12 +47,14 @@ WeightSource = Union[LocalStream, SenderGroups, TransferAddress]
 
 @dataclass(frozen=True)
 class RemoteSend:
-    """A weight send under way on Ray: what the rollout receives from, and every trainer rank's send call (they
-    must finish too)."""
+    """A weight send under way on Ray: what the rollout receives from, every trainer rank's send call (they must
+    finish too), and what to call if the sync fails (``failed``: the trainer side forgets these addresses, so both
+    ends form new groups at the next sync instead of one end waiting in a group the other left)."""
 
     source: SenderGroups | TransferAddress
     calls: list[Any]
     call_names: list[str]
+    failed: Callable[[], None] = lambda: None
 
 
 def remote_source(addresses: list[SyncAddress | TransferAddress]) -> SenderGroups | TransferAddress:
@@ -64,7 +67,8 @@ def remote_source(addresses: list[SyncAddress | TransferAddress]) -> SenderGroup
 
 class SenderEnd:
     """A sending trainer rank's end of the sync on Ray: its own sync group, or vLLM's transfer sender, each formed
-    on first use and kept while the address stays the same."""
+    on first use and kept while the address stays the same. A failed send drops it: the receivers may have left the
+    group half-way, so the next sync forms a new one (the driver hands out new addresses: ``RemoteSend.failed``)."""
 
     def __init__(self, bucket_bytes: int):
         self.bucket_bytes = bucket_bytes
@@ -73,14 +77,22 @@ class SenderEnd:
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]], address: SyncAddress | TransferAddress, version: int,
              sender: int) -> int:
-        """Every tensor of ``named`` to ``address``'s receivers; returns the payload bytes sent."""
-        if isinstance(address, TransferAddress):
-            if self.transfer is None or self.transfer.address != address:
-                self.transfer = TransferSender(address)
-            return self.transfer.send(named, version)
-        if self.group is None or self.group.address != address:
-            self.group = SyncGroup(address, rank=0)
-        return self.group.send(pack_buckets(named, self.bucket_bytes, version, sender))
+        """Every tensor of ``named`` to ``address``'s receivers; returns the payload bytes sent. The device is
+        settled first: what the update wrote on other streams (megatron's offloaded optimizer copies parameters
+        back on a side stream) must have landed before the send reads the weights (vLLM packs on streams of its own
+        that never wait on the default one; verl synchronises before broadcasting too)."""
+        settle()
+        try:
+            if isinstance(address, TransferAddress):
+                if self.transfer is None or self.transfer.address != address:
+                    self.transfer = TransferSender(address)
+                return self.transfer.send(named, version)
+            if self.group is None or self.group.address != address:
+                self.group = SyncGroup(address, rank=0)
+            return self.group.send(pack_buckets(named, self.bucket_bytes, version, sender, device=self.group.device))
+        except BaseException:
+            self.group = self.transfer = None
+            raise
 
 
 class JoinedGroups:

@@ -142,9 +142,11 @@ def end_marker(version: int, sender: int, index: int) -> PackedBucket:
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, version: int,
-                 sender: int = 0) -> Iterator[PackedBucket]:
+                 sender: int = 0, device: torch.device | str | None = None) -> Iterator[PackedBucket]:
     """Copy tensors, in order, into flat buckets of at most ``bucket_bytes`` (an oversize tensor travels alone,
-    its bytes not copied), then the end marker. Holds one bucket buffer and the tensor being added."""
+    its bytes not copied unless it must change device), then the end marker. Holds one bucket buffer and the
+    tensor being added. ``device``: where the buckets are built -- the transport's (``SyncGroup.device``: the GPU
+    on NCCL, so a GPU trainer's tensors never touch the host; the host on gloo); default each tensor's own."""
     if bucket_bytes <= 0:
         raise SyncError(f"bucket size must be positive, got {bucket_bytes} bytes")
     index, used, entries = 0, 0, []
@@ -156,11 +158,12 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
             yield _bucket(version, sender, index, entries, buffer[:used])
             index, start, used, entries, buffer = index + 1, 0, 0, [], None
         if data.numel() > bucket_bytes:
-            yield _bucket(version, sender, index, [_entry(name, tensor, 0)], data)
-            index, data, tensor = index + 1, None, None  # let it go before the next tensor is made
+            alone = data if device is None else data.to(device)
+            yield _bucket(version, sender, index, [_entry(name, tensor, 0)], alone)
+            index, data, tensor, alone = index + 1, None, None, None  # let it go before the next tensor is made
             continue
-        if buffer is None:  # on the tensors' device: a GPU trainer packs and sends without touching the host
-            buffer = torch.empty(bucket_bytes, dtype=torch.uint8, device=data.device)
+        if buffer is None:
+            buffer = torch.empty(bucket_bytes, dtype=torch.uint8, device=data.device if device is None else device)
         buffer[used:start].zero_()
         buffer[start: start + data.numel()].copy_(data)
         entries.append(_entry(name, tensor, start))

@@ -43,6 +43,18 @@ class TrainBatch:
         sub = replace(self, **picked)
         return sub.trimmed()
 
+    def to(self, device: torch.device) -> "TrainBatch":
+        """The same batch with every tensor (routing tables included) on ``device``; itself where all are there."""
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {k: v.to(device) for k, v in value.items()}
+            elif value is not None:
+                value = value.to(device)
+            moved[f.name] = value
+        return replace(self, **moved)
+
     def trimmed(self) -> "TrainBatch":
         """Drop trailing columns that hold no response position of any row."""
         valid_cols = self.response_mask.any(dim=0).nonzero()

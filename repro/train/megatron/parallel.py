@@ -20,20 +20,26 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from repro.devices import DeviceError, collective_device, this_process_device_index
 from repro.train.base import TrainerError
 
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def init_distributed_from_env() -> None:
-    """``torch.distributed`` from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (gloo on CPU, nccl on CUDA/ROCm)."""
+    """``torch.distributed`` from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (gloo on CPU, nccl on CUDA/ROCm). On a GPU
+    the rank first takes its device: the one Ray gave it (``repro.devices.local_device_index``; under Ray's
+    isolation that is index 0, whatever LOCAL_RANK says), else LOCAL_RANK (torchrun)."""
     if dist.is_initialized():
         return
     missing = [name for name in RENDEZVOUS_ENV if not os.environ.get(name)]
     if missing:
         raise TrainerError(f"trainer rank: rendezvous variables not set: {', '.join(missing)}")
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        try:
+            torch.cuda.set_device(this_process_device_index())
+        except DeviceError as err:
+            raise TrainerError(f"trainer rank {os.environ['RANK']}: {err}") from err
         dist.init_process_group("nccl")
     else:
         dist.init_process_group("gloo")
@@ -142,14 +148,15 @@ def global_grad_norm(model: torch.nn.Module) -> float:
     over the model-parallel ranks (dense: TP x PP; experts: ETP x EP x PP). Every rank gets the same value."""
     from megatron.core import parallel_state as ps
 
-    dense = torch.zeros((), dtype=torch.float64)
-    expert = torch.zeros((), dtype=torch.float64)
+    device = collective_device(dist.get_backend()) if dist.is_initialized() else torch.device("cpu")
+    dense = torch.zeros((), dtype=torch.float64, device=device)
+    expert = torch.zeros((), dtype=torch.float64, device=device)
     for name, param in model.named_parameters():
         if param.grad is None:
             continue
         _, tp_rank, _ = _param_groups(name)
         if getattr(param, "tensor_model_parallel", False) or tp_rank == 0:
-            sq = param.grad.detach().double().pow(2).sum()
+            sq = param.grad.detach().double().pow(2).sum().to(device)
             if is_expert(name):
                 expert += sq
             else:
@@ -240,11 +247,13 @@ def lockstep_over_data_parallel(micros: list, template) -> list:
     group = ps.get_data_parallel_group()
     if dist.get_world_size(group) == 1:
         return micros
-    count = torch.tensor([len(micros)])
+    device = collective_device(dist.get_backend(group))  # NCCL takes device tensors only
+    count = torch.tensor([len(micros)], device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
     shapes = torch.zeros((int(count), 2), dtype=torch.int64)
     for i, micro in enumerate(micros):
         shapes[i] = torch.tensor(micro.input_ids.shape)
+    shapes = shapes.to(device)
     dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
     empty = template.rows(slice(0, 0))
     empty = replace(empty, **{f: v[:, :0] if isinstance(v, torch.Tensor) and v.dim() > 1 else v
@@ -261,8 +270,10 @@ def sum_over_data_parallel(stats):
     if ps.get_data_parallel_world_size() == 1:
         return stats
     keys = [k for k in vars(stats) if k != "rows_skipped"]
-    sums = torch.tensor([float(getattr(stats, k)) for k in keys], dtype=torch.float64)
-    dist.all_reduce(sums, group=ps.get_data_parallel_group())
+    group = ps.get_data_parallel_group()
+    sums = torch.tensor([float(getattr(stats, k)) for k in keys], dtype=torch.float64,
+                        device=collective_device(dist.get_backend(group)))
+    dist.all_reduce(sums, group=group)
     for key, value in zip(keys, sums.tolist()):
         setattr(stats, key, type(getattr(stats, key))(value))
     return stats

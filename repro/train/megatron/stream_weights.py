@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from repro.devices import collective_device
 from repro.sync.stream import WIRE_DTYPES
 from repro.train.base import TrainerError
 from repro.train.megatron.parallel import _is_glu, _param_groups, full_names, is_expert, stage_sender
@@ -141,9 +142,10 @@ def _full_tensors(name: str, tensor: torch.Tensor, param, glu: bool, ranks: _Sta
 
 def stage_weights(model: torch.nn.Module, dtype: torch.dtype, export_names: Export | None = None
                   ) -> Iterator[tuple[str, torch.Tensor]]:
-    """This stage's full weights on its first rank, one at a time: detached CPU tensors of their own (floating
-    ones in ``dtype``), names mapped by ``export_names`` per export unit; nothing on the other ranks. Collective:
-    every rank of the stage calls it and walks it to the end."""
+    """This stage's full weights on its first rank, one at a time: detached tensors of their own (floating ones in
+    ``dtype``) on the device the model lives on -- a GPU trainer's sync packs and sends them there without a host
+    round trip -- names mapped by ``export_names`` per export unit; nothing on the other ranks. Collective: every
+    rank of the stage calls it and walks it to the end."""
     ranks = _stage_ranks()
     names_by_ep = [full_names(model, expert_rank=r) for r in range(ranks.ep_size if ranks is not None else 1)]
     state = {n: t for n, t in model.state_dict().items() if isinstance(t, torch.Tensor) and not n.endswith("_extra_state")}
@@ -154,7 +156,7 @@ def stage_weights(model: torch.nn.Module, dtype: torch.dtype, export_names: Expo
             for full_name, tensor, new in _full_tensors(name, state[name], params.get(name), _is_glu(name, model),
                                                         ranks, names_by_ep):
                 to = dtype if tensor.is_floating_point() else tensor.dtype
-                full[full_name] = tensor.to(device="cpu", dtype=to, copy=not new)  # never the live parameter
+                full[full_name] = tensor.to(dtype=to, copy=not new)  # never the live parameter
         if not full:
             continue
         mapped = export_names(full) if export_names is not None else full
@@ -167,7 +169,7 @@ def stage_weights(model: torch.nn.Module, dtype: torch.dtype, export_names: Expo
 
 def _transport_device() -> torch.device:
     """Point-to-point buffers live where the backend can send them: the GPU under NCCL, else host memory."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return collective_device(dist.get_backend())
 
 
 def _send_named(name: str, tensor: torch.Tensor, dst: int) -> None:
@@ -204,16 +206,17 @@ def _receive_stage(src: int) -> Iterator[tuple[str, torch.Tensor]]:
 def whole_model_weights(model: torch.nn.Module, dtype: torch.dtype, export_names: Export | None = None
                         ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every stage's ``stage_weights`` on global rank 0, stage after stage (each later stage's first rank sends
-    its tensors point to point), nothing elsewhere. Collective: every rank calls it and walks it to the end."""
+    its tensors point to point), nothing elsewhere; host tensors (for a checkpoint export). Collective: every rank
+    calls it and walks it to the end."""
     from megatron.core import parallel_state as ps
 
     own = stage_weights(model, dtype, export_names)
     stages = ps.get_pipeline_model_parallel_world_size() if dist.is_initialized() else 1
     if stages == 1:
-        yield from own
+        yield from ((name, tensor.cpu()) for name, tensor in own)
         return
     if dist.get_rank() == 0:  # its pipeline group holds every stage's first rank
-        yield from own
+        yield from ((name, tensor.cpu()) for name, tensor in own)
         for stage in range(1, stages):
             yield from _receive_stage(dist.get_global_rank(ps.get_pipeline_model_parallel_group(), stage))
         return

@@ -42,6 +42,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from repro.devices import current_accelerator
 from repro.recipes.backends import TRAINERS
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import LogprobResult, TrainerError
@@ -118,6 +119,10 @@ class MegatronTrainer(GRPOTrainer):
         self.temperature = temperature
         self.replay_routing = replay_routing
         torch.manual_seed(seed)
+        if torch.cuda.is_available():
+            # a provider may build on the host (the tiny ones use megatron's use_cpu_initialization, deterministic
+            # whatever the device); the rank computes, and megatron's optimizer steps, on its GPU
+            model = model.to(current_accelerator())
         self.model = cast_for_training(model, dtype)
         self.routers = moe_routers(model)
         self.opt = trainer_optimizer(
@@ -150,6 +155,12 @@ class MegatronTrainer(GRPOTrainer):
                         megatron_optimizer=layout["optimizer"], megatron_ddp=layout["ddp"])
         return cls(model, **{**settings, **overrides})
 
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's model lives (its GPU on a cluster): each micro-batch is moved there as it is forwarded,
+        and results come back to the host."""
+        return next(self.model.parameters()).device
+
     # ---- megatron's forward/backward schedule with R3 ------------------------------------------------------
 
     def _arm_replay(self, micro: TrainBatch, replay: bool) -> None:
@@ -178,8 +189,10 @@ class MegatronTrainer(GRPOTrainer):
         if not micros:
             return
 
+        device = self.device
+
         def forward_step(data_iterator, model):
-            micro = next(data_iterator)
+            micro = next(data_iterator).to(device)  # batches are built on the host; one micro-batch at a time moves
 
             def arm():
                 self._arm_replay(micro, replay)
@@ -213,7 +226,7 @@ class MegatronTrainer(GRPOTrainer):
             mask = micro.response_mask
             lp = vocab_parallel_logprobs(logits, micro.targets, self.temperature)
             ent = vocab_parallel_entropy(logits, self.temperature)
-            scored.append((torch.where(mask, lp, 0.0), torch.where(mask, ent, 0.0)))
+            scored.append((torch.where(mask, lp, 0.0).cpu(), torch.where(mask, ent, 0.0).cpu()))
             return lp.new_zeros(())
 
         self._schedule(micros, replay_routing, score, forward_only=True)
@@ -274,9 +287,9 @@ class MegatronTrainer(GRPOTrainer):
 
     def sync_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What the weight sync sends from this rank: its pipeline stage's full weights on the stage's first rank,
-        one tensor at a time (TP/EP shards gathered there per tensor with tensor collectives; ``export_names``
-        applied per export unit, e.g. one layer's experts), nothing elsewhere. Collective over the stage: its
-        first rank holds one unit at a time, never the stage (``repro.train.megatron.stream_weights``)."""
+        one tensor at a time, on the model's device (TP/EP shards gathered there per tensor with tensor collectives;
+        ``export_names`` applied per export unit, e.g. one layer's experts), nothing elsewhere. Collective over the
+        stage: its first rank holds one unit at a time, never the stage (``repro.train.megatron.stream_weights``)."""
         yield from stage_weights(self.model, self.dtype, self.export_names)
 
     stage_weights = sync_weights  # the name the Megatron lane's tests and benchmarks know it by
