@@ -18,9 +18,10 @@ The process looks like a GPU process to the code under test through these, and o
 ``torch.cuda.current_device()`` returns the emulated device (so ``device=torch.cuda.current_device()``, as
 megatron-core and ``repro.devices`` allocate, lands on it), ``torch.distributed.get_backend()`` says "nccl" (the
 world runs gloo underneath; c10d's error logger then asks ``torch.cuda.nccl.version()``, answered 0.0.0),
-``repro.sync.group.PROCESS_GROUPS["nccl"]`` builds ``NCCLGroupStandIn`` (a CPU torch has no ProcessGroupNCCL), and the Python entry points that the C++ layer would refuse before any dispatch on a CPU build
-(``Tensor.to``/``Tensor.cuda``/``torch.tensor``/``torch.as_tensor`` towards the device, ``Tensor.tolist`` of a
-device tensor, CUDA's lazy init) are routed through the dispatcher. ``torch.cuda.is_available()`` stays False:
+``repro.sync.group.PROCESS_GROUPS["nccl"]`` builds ``NCCLGroupStandIn`` (a CPU torch has no ProcessGroupNCCL), and
+the Python entry points that the C++ layer would refuse before any dispatch on a CPU build (``Tensor.to``,
+``Tensor.cuda``, ``torch.tensor``, ``torch.as_tensor`` towards the device, ``Tensor.tolist`` of a device tensor,
+CUDA's lazy init) are routed through the dispatcher. ``torch.cuda.is_available()`` stays False:
 code that picks a GPU-only library on it (megatron's optimizer, NCCL init) keeps its CPU choice.
 
 Not covered: NCCL/RCCL themselves, streams and their ordering, device memory, kernels' numerics (the CPU computes
