@@ -161,6 +161,81 @@ class TestSimulatedAmdCluster:
             time.sleep(0.2)
         assert ray.available_resources().get("GPU", 0) == 24
 
+    def test_each_actor_sees_only_its_own_gpus_and_picks_a_device_that_exists(self, amd_cluster):
+        """Ray's own GPU isolation on logical GPUs: a trainer rank's actor (``num_gpus=1``) sees one GPU, whatever its
+        LOCAL_RANK; the rollout actor owns a {GPU: 8} bundle and its placement group is visible inside it -- the one
+        vLLM's Ray executor would take and refuse. STAND-IN: GPUs are Ray's logical resources (torch sees none), so
+        the device count is the number of ids Ray left visible; vLLM itself is the vLLM lane's test."""
+        import ray
+        import ray.cloudpickle
+
+        from repro.groups.ray_actors import start_actor, stop_actors
+        from repro.groups.ray_groups import rank_env
+        from repro.rollout.vllm_args import engine_args_from_recipe
+
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        placed = create_placement_groups(plan_placement(amd_cluster), timeout_s=60)
+        actors = []
+        try:
+            actors = [start_actor(placed, TRAINER, rank, Probe, env=rank_env(rank, 16, 8, ("127.0.0.1", 29500)))
+                      for rank in (1, 9)] + [start_actor(placed, ROLLOUT, 0, Probe)]
+            (rank1, rank9, rollout) = ray.get([a.look.remote() for a in actors], timeout=120)
+        finally:
+            stop_actors(actors)
+            placed.remove()
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        for seen, local in ((rank1, "1"), (rank9, "1")):
+            assert seen["LOCAL_RANK"] == local and len(seen["visible"]) == 1 and seen["gpu_ids"] == seen["visible"]
+            assert seen["device_index"] == 0  # what init_distributed_from_env now sets
+            assert seen["old_rule_valid"] is False  # LOCAL_RANK as the index: "invalid device ordinal" on a GPU
+        assert len(rollout["visible"]) == 8 and rollout["bundles"] == [{"GPU": 8.0, "CPU": 8.0}]
+        # vLLM's Ray executor refuses any bundle with more than one GPU; repro asks for its multiprocessing workers
+        assert max(b["GPU"] for b in rollout["bundles"]) > 1
+        assert engine_args_from_recipe(amd_cluster, "/models/dsv4")["distributed_executor_backend"] == "mp"
+
+
+
+class Probe:
+    """What a worker actor sees of its GPUs and placement (test_each_actor_sees_only_its_own_gpus...)."""
+
+    def look(self):
+        import os
+
+        import ray
+
+        from repro.devices import DeviceError, local_device_index, ray_assigned_gpus, visible_devices
+
+        visible = visible_devices(os.environ) or []
+        try:
+            index = local_device_index(os.environ, ray_assigned_gpus(), device_count=len(visible))
+        except DeviceError as err:
+            index = str(err)
+        group = ray.util.get_current_placement_group()
+        return {"LOCAL_RANK": os.environ.get("LOCAL_RANK"), "visible": visible, "device_index": index,
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                "old_rule_valid": int(os.environ.get("LOCAL_RANK", "0")) < len(visible),
+                "bundles": group.bundle_specs if group else None}
+
+
+class SyncProbe:
+    """A trainer rank and a rollout worker reduced to their sync calls: each address is new (a fresh port), the
+    rollout fails sync v1 and answers the port it received from otherwise."""
+
+    def __init__(self):
+        self.ports = iter(range(40000, 41000))
+
+    def sync_address(self):
+        from repro.sync.group import SyncAddress
+
+        return SyncAddress("127.0.0.1", next(self.ports), sender=0, receivers=1)
+
+    def broadcast_weights(self, version, address):
+        return 0
+
+    def receive_weights(self, source, version):
+        if version == 1:
+            raise RuntimeError(f"weight sync v{version} failed half-way")
+        return source.addresses[0].port
 
 # -- (d, e) the tiny recipe on a local instance ------------------------------------------------------------
 class Echo:
@@ -231,6 +306,26 @@ class TestLocalTinyInstance:
         with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 died during generate: "):
             rollout.generate([[1, 2]], None)
 
+
+    def test_after_a_failed_sync_both_ends_form_new_groups_at_new_addresses(self, tiny_placed):
+        """A receiver that failed may have left its group half-used; re-joining the old address would wait for a
+        sender that never returns. The driver hands every rank a new address after a failure."""
+        from repro.groups.ray_actors import WorkerDiedError, start_actor, stop_actors
+        from repro.groups.ray_groups import RayRolloutGroup, RayTrainerGroup
+
+        trainer = RayTrainerGroup([start_actor(tiny_placed, TRAINER, 0, SyncProbe)], timeout_s=60)
+        rollout = RayRolloutGroup(start_actor(tiny_placed, ROLLOUT, 0, SyncProbe), timeout_s=60)
+        try:
+            first = trainer.send_weights(1)
+            with pytest.raises(WorkerDiedError, match="rollout worker 0 failed during weight sync: .*v1 failed"):
+                rollout.receive_weights(first, 1)
+            second = trainer.send_weights(2)
+            assert rollout.receive_weights(second, 2) == second.source.addresses[0].port
+            assert second.source != first.source  # before: the same address, the old group
+            third = trainer.send_weights(3)  # after a success the groups are kept
+            assert third.source == second.source and rollout.receive_weights(third, 3) == second.source.addresses[0].port
+        finally:
+            stop_actors([*trainer.ranks, rollout.actor])
 
 def _wait_until_dead(actor, timeout_s: float = 60.0) -> None:
     import time

@@ -129,11 +129,16 @@ def test_launch_without_backends_stops_naming_them(monkeypatch):
     import repro.run.launch as launch_module
 
     monkeypatch.setattr(launch_module, "module_available", lambda name: False)
-    assert len(missing_backends(load_recipe(AMD))) == 2
+    # megatron-core, vLLM, and Transformer Engine: AMD's offloaded BF16-moment optimizer is megatron's precision-aware
+    # path, which megatron-core 0.16.1 cannot configure without TE
+    assert len(missing_backends(load_recipe(AMD))) == 3
     assert missing_backends(load_recipe("tiny-cpu")) == []  # embedded backends: nothing to find
     with pytest.raises(LaunchError, match=r"missing megatron-core, the Megatron trainer backend's library .*module megatron.core.*"
-                                          r"missing vLLM, the rollout engine's library .*module vllm"):
+                                          r"missing vLLM, the rollout engine's library .*module vllm.*"
+                                          r"missing Transformer Engine, .*precision-aware optimizer.*module transformer_engine"):
         _launch(["--recipe", AMD])
+    no_te = ["actor.optimizer_cpu_offload=false", "actor.optimizer_moment_dtype=fp32"]
+    assert len(missing_backends(load_recipe(AMD, no_te))) == 2
 
 
 def test_module_available_answers_for_submodules_of_absent_packages():

@@ -20,6 +20,9 @@ def test_cluster_recipe_serves_block_fp8_with_tp8():
         "enable_return_routed_experts": True,
         "worker_extension_cls": WORKER_EXTENSION, "tensor_parallel_size": 8, "quantization": "fp8_per_block",
         "kv_cache_dtype": "fp8_e4m3", "gpu_memory_utilization": 0.92,
+        # vLLM's own worker processes inside the rollout actor: left to vLLM, its Ray executor would take the actor's
+        # {GPU: 8} bundle and refuse it (test_cluster_placement.py shows what the actor sees)
+        "distributed_executor_backend": "mp",
     }
     assert CLUSTER_PINS["vllm"] == "0.25.1" and CLUSTER_PINS["rocm"] == "7.2"
     # AMD's run took vLLM's default raw_logprobs (LumenRL sets none); the sampled distribution is one --set away

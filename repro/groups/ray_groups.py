@@ -85,7 +85,13 @@ class RayTrainerGroup:
             self.sync_addresses = wait_all([r.sync_address.remote() for r in self.ranks], self.names, "sync_address",
                                            self.timeout_s)
         refs = [r.broadcast_weights.remote(version, address) for r, address in zip(self.ranks, self.sync_addresses)]
-        return RemoteSend(remote_source([a for a in self.sync_addresses if a is not None]), refs, self.names)
+        return RemoteSend(remote_source([a for a in self.sync_addresses if a is not None]), refs, self.names,
+                          failed=self.forget_sync_addresses)
+
+    def forget_sync_addresses(self) -> None:
+        """After a failed sync: the next one asks every rank for a new address, so senders and receivers all form
+        new groups (a receiver that re-joins the old address would wait for a sender that never comes back)."""
+        self.sync_addresses = None
 
     def save(self, directory: Path) -> Path:
         return Path(wait_all([r.save.remote(str(directory)) for r in self.ranks], self.names, "save", self.timeout_s)[0])
@@ -115,7 +121,11 @@ class RayRolloutGroup:
     def receive_weights(self, sent: RemoteSend, version: int) -> SyncStats:
         """Receive on the senders' groups while they send; the first side to fail raises, naming itself."""
         received = self.actor.receive_weights.remote(sent.source, version)
-        return wait_all([received, *sent.calls], [self.name, *sent.call_names], "weight sync", self.timeout_s)[0]
+        try:
+            return wait_all([received, *sent.calls], [self.name, *sent.call_names], "weight sync", self.timeout_s)[0]
+        except BaseException:
+            sent.failed()
+            raise
 
 
 def _free_port_here() -> tuple[str, int]:

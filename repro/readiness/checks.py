@@ -24,7 +24,7 @@ from repro.readiness.types import (  # noqa: F401
 )
 from repro.readiness.versions import (  # noqa: F401
     VERSION_CHECKS, check_lumenrl, check_megatron, check_platform, check_python, check_ray_version, check_torch,
-    check_transformers, check_vllm,
+    check_transformer_engine, check_transformers, check_vllm,
 )
 
 if TYPE_CHECKING:

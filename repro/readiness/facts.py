@@ -204,6 +204,7 @@ def _versions() -> dict[str, str | None]:
             continue
     found["vllm"] = _package_version("vllm")
     found["megatron-core"] = _package_version("megatron-core") or _package_version("megatron_core")
+    found["transformer-engine"] = _package_version("transformer-engine") or _package_version("transformer_engine")
     found["ray"] = _package_version("ray")
     found["transformers"] = _package_version("transformers")
     found["python"] = platform.python_version()

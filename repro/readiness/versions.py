@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from repro.readiness.pins import expected_versions, version_matches
 from repro.readiness.types import FAIL, PASS, SKIP, WARN, Check, CheckResult, Facts, cpu_mode, kind_name, skipped
-from repro.recipes.backends import MEGATRON_CORE, VLLM, libraries
+from repro.recipes.backends import MEGATRON_CORE, TRANSFORMER_ENGINE, VLLM, libraries
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -91,6 +91,9 @@ check_vllm = _check_package("vllm", "vllm", lambda r: VLLM in libraries(r),
                             "rollout.backend is embedded: vLLM is not used", "the recipe's rollout")
 check_megatron = _check_package("megatron_core", "megatron-core", lambda r: MEGATRON_CORE in libraries(r),
                                 "actor.backend is embedded: Megatron-core is not used", "the recipe's trainer")
+check_transformer_engine = _check_package(
+    "transformer_engine", "transformer-engine", lambda r: TRANSFORMER_ENGINE in libraries(r),
+    "not needed: no megatron optimizer on the precision-aware path", "megatron-core's precision-aware optimizer")
 # repro itself needs both everywhere (pyproject.toml); the recipe says which version its cluster runs
 check_ray_version = _check_package("ray_version", "ray", lambda r: True, "", "repro")
 check_transformers = _check_package("transformers", "transformers", lambda r: True, "", "repro")
@@ -115,4 +118,4 @@ def check_lumenrl(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 
 VERSION_CHECKS: tuple[Check, ...] = (check_python, check_platform, check_torch, check_ray_version, check_transformers,
-                                     check_vllm, check_megatron, check_lumenrl)
+                                     check_vllm, check_megatron, check_transformer_engine, check_lumenrl)

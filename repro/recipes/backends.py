@@ -31,6 +31,11 @@ class Library:
 
 MEGATRON_CORE = Library("megatron-core", "megatron.core", "megatron-core, the Megatron trainer backend's library")
 VLLM = Library("vllm", "vllm", "vLLM, the rollout engine's library")
+# megatron-core 0.16.1's OptimizerConfig.__post_init__ asks Transformer Engine's version on the precision-aware path
+# (``is_te_min_version("2.1.0")``, before its CPU-offload early return) and fails with a TypeError without TE
+TRANSFORMER_ENGINE = Library("transformer-engine", "transformer_engine",
+                             "Transformer Engine, which megatron-core's precision-aware optimizer (CPU offload or "
+                             "moments below fp32 with the distributed optimizer) asks for")
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,25 @@ def _entry(table: dict, name: str, field: str):
         raise RecipeError(f"{field}: {name!r} is not one of {sorted(table)}") from None
 
 
+def precision_aware_optimizer(distributed: bool, offload: bool, fp32_moments: bool) -> bool:
+    """Whether megatron's optimizer takes its precision-aware path: CPU offload (``HybridDeviceOptimizer``) or moments
+    below fp32, which megatron allows only with the distributed optimizer."""
+    return distributed and (offload or not fp32_moments)
+
+
+def needs_transformer_engine(recipe: "Recipe") -> bool:
+    """Megatron's own optimizer (a GPU trainer) on the precision-aware path, which megatron-core 0.16.1 cannot
+    configure without Transformer Engine (``TRANSFORMER_ENGINE``); the CPU lane steps the project's AdamW."""
+    actor = recipe.actor
+    return (trainer_of(recipe).library is MEGATRON_CORE and recipe.cluster.gpus_per_node > 0
+            and precision_aware_optimizer(actor.num_workers > 1, actor.optimizer_cpu_offload,
+                                          actor.optimizer_moment_dtype == "fp32"))
+
+
 def libraries(recipe: "Recipe") -> list[Library]:
     """The optional libraries the recipe's trainer and rollout backends need (none for the embedded ones)."""
-    return [lib for lib in (trainer_of(recipe).library, rollout_of(recipe).library) if lib is not None]
+    found = [lib for lib in (trainer_of(recipe).library, rollout_of(recipe).library) if lib is not None]
+    return found + [TRANSFORMER_ENGINE] if needs_transformer_engine(recipe) else found
 
 
 def sync_senders(recipe: "Recipe") -> int:

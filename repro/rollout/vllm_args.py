@@ -111,6 +111,13 @@ def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dic
                               "(dtype above); fp32 activations are the embedded engine's")
     args.update(
         tensor_parallel_size=r.tensor_parallel,
+        # vLLM's own multiprocessing workers inside the rollout actor. Left unset, vLLM (0.25.1 and 0.32) sees the
+        # actor's placement group (engine/arg_utils.py: ray.util.get_current_placement_group() in a Ray actor),
+        # picks its Ray executor (config/parallel.py), and that refuses a bundle of more than one GPU
+        # (v1/executor/ray_utils.py: "Placement group bundle cannot have more than 1 GPU") -- the rollout's
+        # bundle is {GPU: TP}. The actor already owns its TP GPUs (Ray sets CUDA/HIP_VISIBLE_DEVICES to them), so
+        # vLLM's workers start as its child processes; verl's vLLM server does the same.
+        distributed_executor_backend="mp",
         quantization=quantization,
         kv_cache_dtype=r.kv_cache_dtype,
         gpu_memory_utilization=r.gpu_memory_utilization,

@@ -296,6 +296,7 @@ class VLLMEngine:
                                                            self._transfer_group)
         except Exception as err:
             self.gate.fail(f"weight sync v{version} through vLLM's weight-transfer engine: {err}")
+            self._transfer_group = None  # the workers' group may be half-used: the next sync joins anew
             raise
         self._opened(version)
         return SyncStats(version, transfer.packed_buckets(address), len(address.names), address.nbytes,

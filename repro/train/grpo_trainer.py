@@ -22,6 +22,7 @@ from repro.recipes.schema import OptimConfig
 from repro.train.base import LogprobResult, StateParts, TrainerError
 from repro.train.batch import TrainBatch
 from repro.train.batch_checks import check_batch
+from repro.train.faults import nan_gradient_update, poison_gradient
 from repro.train.grpo_update import COUNT_METRICS, GRPOUpdate, UpdateStats, update_metrics
 from repro.train.optimizer import warmup_constant_lr
 
@@ -97,8 +98,11 @@ class GRPOTrainer:
         """One optimizer update per row group of ``batch``; means of their metrics (counts summed, the last
         update's lr). The warm-up counts from the updates done so far."""
         per_update = []
+        fault = nan_gradient_update()
         for index, rows in enumerate(self.grpo.row_groups(batch)):
             stats = self.accumulate_gradients(batch.rows(rows), logprobs_out)
+            if fault == self.updates + index + 1:
+                poison_gradient(self.model)  # an injected fault (repro.train.faults): this update must be skipped
             lr = warmup_constant_lr(self.optim, self.updates + index)
             per_update.append(update_metrics(stats, self.optimizer_step(lr), lr))
         metrics = {key: sum(m[key] for m in per_update) / len(per_update) for key in per_update[0]}

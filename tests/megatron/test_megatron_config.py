@@ -95,3 +95,21 @@ def test_megatron_accepts_the_mapped_configs(monkeypatch):
     # the same moments without the precision-aware path are refused by megatron itself
     with pytest.raises(AssertionError, match="exp_avg_dtype"):
         OptimizerConfig(**{**layout["optimizer"], "use_precision_aware_optimizer": False})
+
+
+def test_without_transformer_engine_megatron_cannot_configure_amds_optimizer():
+    """Why `repro check`, `repro launch` and MegatronTrainer name Transformer Engine for this recipe: megatron-core
+    0.16.1's OptimizerConfig asks TE's version on the precision-aware path before its CPU-offload early return."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this")
+    if importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("Transformer Engine is installed here")
+    from megatron.core.optimizer import OptimizerConfig
+
+    from repro.recipes.backends import TRANSFORMER_ENGINE, libraries
+
+    recipe = load_recipe("amd-dsv4-flash-mi308x")
+    with pytest.raises(TypeError, match="NoneType"):
+        OptimizerConfig(**megatron_layout(recipe)["optimizer"])
+    assert TRANSFORMER_ENGINE in libraries(recipe)
+    assert TRANSFORMER_ENGINE not in libraries(load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_cpu_offload=false",
+                                                                                     "actor.optimizer_moment_dtype=fp32"]))

@@ -29,9 +29,13 @@ SETS = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repr
 
 
 class StandInMegatronOptimizer:
-    """STAND-IN for megatron's optimizer on a GPU (FP32Optimizer / DistributedOptimizer over HybridDeviceOptimizer):
-    fp32 masters stepped by torch's AdamW from DDP's ``main_grad`` buffers, clipped by their global norm, copied
-    back -- what megatron does on the device, without its CUDA-only kernels. It records what our side hands it."""
+    """STAND-IN for megatron's optimizer on a GPU (a ChainedOptimizer of FP32Optimizer / DistributedOptimizer over
+    HybridDeviceOptimizer), as megatron-core 0.16.1 behaves (optimizer/optimizer.py): the fp32 masters' gradients are
+    filled only inside ``step()`` -> ``prepare_grads()`` (copied from DDP's ``main_grad`` buffers), so
+    ``get_grad_norm()`` reads the masters and is 0 before; ``step()`` clips by the global norm only when the clip
+    factor is below 1 (a NaN norm clips nothing) and steps whatever the gradient holds (no grad scaler for BF16),
+    returning ``(ok, norm, zeros)``. Only the device step is replaced (torch's AdamW on the fp32 masters, copied
+    back). It records what our side hands it."""
 
     def __init__(self, config, model_chunks):
         self.config, self.chunks = config, model_chunks
@@ -46,20 +50,29 @@ class StandInMegatronOptimizer:
         for m in self.masters:
             m.grad = None
 
-    def get_grad_norm(self):
-        return torch.nn.utils.get_total_norm([p.main_grad for p in self.params])
-
-    def step(self):
+    def prepare_grads(self) -> bool:
         for master, p in zip(self.masters, self.params):
             master.grad = p.main_grad.float().clone()
-        norm = torch.nn.utils.get_total_norm([m.grad for m in self.masters])
-        torch.nn.utils.clip_grads_with_norm_(self.masters, self.config.clip_grad, norm)
+        return False  # found_inf: only a grad scaler (fp16) ever reports one
+
+    def get_grad_norm(self) -> float:
+        grads = [m.grad for m in self.masters if m.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+    def step(self):
+        if self.prepare_grads():
+            return False, None, None
+        norm = self.get_grad_norm()
+        coefficient = self.config.clip_grad / (norm + 1.0e-6)
+        if coefficient < 1.0:  # megatron's clip_grad_by_total_norm_fp32
+            for m in self.masters:
+                m.grad.mul_(coefficient)
         self.lrs.append(self.param_groups[0]["lr"])
         self.inner.step()
         with torch.no_grad():
             for master, p in zip(self.masters, self.params):
                 p.copy_(master)
-        return True, float(norm), 0
+        return True, norm, 0
 
     def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, metadata=None):
         self.state_calls.append((is_loading, metadata))
@@ -147,3 +160,48 @@ def test_a_gpu_trainer_refuses_the_old_per_rank_format(stand_in, tmp_path):
     (tmp_path / "old" / "model.safetensors").write_bytes(b"")
     with pytest.raises(TrainerError, match="old: per-rank state of the project's AdamW .* megatron's distributed"):
         gpu.load(tmp_path / "old")
+
+
+def test_a_nan_gradient_skips_megatrons_update_on_every_rank_and_the_next_one_steps(stand_in, monkeypatch):
+    """megatron would apply a NaN gradient (no grad scaler in BF16: it clips by a NaN norm, which clips nothing, and
+    steps); the trainer checks DDP's gradient buffers first and skips. The fault is injected the way the device check
+    injects it (repro.train.faults)."""
+    from repro.train.faults import NAN_GRADIENT_ENV
+
+    gpu = MegatronTrainer.from_recipe(load_recipe("tiny-cpu", SETS))
+    (optimizer,) = stand_in
+    batch = make_megatron_batch(gpu.model, seed=5)
+    batch.old_logprobs = gpu.logprobs(batch).logprobs
+    before = [p.detach().clone() for p in gpu.model.parameters()]
+    monkeypatch.setenv(NAN_GRADIENT_ENV, "1")
+    skipped = gpu.train_step(batch)
+    assert skipped["actor/grad_norm"] != skipped["actor/grad_norm"]  # NaN: the norm of a gradient holding a NaN
+    assert all(torch.equal(a, b) for a, b in zip(before, gpu.model.parameters())) and optimizer.lrs == []
+    assert all(torch.all(p.main_grad == 0) for p in gpu.model.parameters())  # nothing carried into the next update
+    stepped = gpu.train_step(batch)
+    assert stepped["actor/grad_norm"] > 0 and len(optimizer.lrs) == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, gpu.model.parameters()))
+
+
+def test_the_precision_aware_optimizer_is_refused_without_transformer_engine_naming_it():
+    """megatron-core 0.16.1's OptimizerConfig raises a bare TypeError there without TE (test_megatron_config.py):
+    the trainer refuses first, saying what to install or change."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("Transformer Engine is installed here")
+    trainer = MegatronTrainer.from_recipe(load_recipe("tiny-cpu", SETS))
+    options = dict(megatron_layout(load_recipe("amd-dsv4-flash-mi308x"))["optimizer"])
+    assert options["use_precision_aware_optimizer"]
+    with pytest.raises(TrainerError, match="Transformer Engine.*not installed here.*optimizer_cpu_offload"):
+        optimizers.MegatronAdamW(trainer.model, options, {"use_distributed_optimizer": True})
+
+
+def test_megatrons_optimizer_state_is_saved_in_a_format_that_reshards_every_dimension():
+    """dp_reshardable (the format before) reshards "only in DP dimension"; the one used must be in megatron's own
+    set of fully reshardable formats."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    format_ = optimizers.DISTRIB_OPTIM_SHARDING["distrib_optim_sharding_type"]
+    assert format_ in DistributedOptimizer.checkpoint_fully_reshardable_formats
+    assert optimizers.MegatronAdamW.checkpoint_format == format_

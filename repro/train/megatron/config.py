@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from repro.recipes.backends import precision_aware_optimizer
 from repro.recipes.schema import OptimConfig, Recipe
 
 
@@ -91,7 +92,7 @@ def optimizer_config(optim: OptimConfig, *, bf16: bool, distributed: bool, offlo
         "overlap_cpu_optimizer_d2h_h2d": offload,
         # megatron's HybridDeviceOptimizer (CPU offload) and moments below fp32 both run through the
         # precision-aware path, which megatron allows only with the distributed optimizer
-        "use_precision_aware_optimizer": distributed and (offload or moments != torch.float32),
+        "use_precision_aware_optimizer": precision_aware_optimizer(distributed, offload, moments == torch.float32),
         # BF16 moments as LumenRL's DSV4 config keeps them. megatron-core 0.16.1 hands these to the GPU Adam only:
         # its HybridDeviceOptimizer (optimizer_cpu_offload) builds torch's Adam without them, so offloaded moments
         # stay fp32 there (repro.readiness.memory_budget counts them so)

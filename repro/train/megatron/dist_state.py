@@ -1,6 +1,9 @@
 """The Megatron trainer's state through ``megatron.core.dist_checkpointing`` (torch DCP underneath): one folder for
 all ranks, every tensor saved as a shard of its global (world-size-1) tensor, so a run resumes bit for bit on the
-same layout and reshards onto another one (TP 2 -> TP 1 is tested).
+same layout and reshards onto another one (TP 2 -> TP 1 is tested on CPU). What reshards: the model (megatron's
+own ``sharded_state_dict``) and the optimizer state -- the project's AdamW per parameter, megatron's distributed
+optimizer in its ``fully_reshardable`` format (``repro.train.megatron.optimizers.DISTRIB_OPTIM_SHARDING``) --
+onto any TP/PP/EP/DP layout; the RNG states do not (below). ``trainer_state.json`` records the optimizer format.
 
     <directory>/trainer_state.json   format 2, backend "megatron": counters, dtype, the layout that wrote it
     <directory>/dist/                megatron's checkpoint: common.pt, metadata.json, DCP's .metadata and *.distcp
@@ -152,6 +155,7 @@ def save_state(trainer, directory: str | Path) -> Path:
         if rank0:
             meta = {"format": FORMAT_VERSION, "backend": "megatron", "step": trainer.step, "updates": trainer.updates,
                     "dtype": trainer.dtype_name, "optimizer": type(trainer.opt).__name__, "adam_step": adam_step,
+                    "optimizer_format": trainer.opt.checkpoint_format,
                     "layout": layout(),
                     "rng": sorted(rng_states())}
             (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -191,6 +195,10 @@ def load_state(trainer, folder: Path, meta: dict) -> None:
         raise TrainerError(f"{folder / STATE_FILE}: optimizer state of {meta.get('optimizer')}, this trainer steps "
                            f"{type(trainer.opt).__name__} (megatron's on a GPU, the project's AdamW on CPU: "
                            "repro.train.megatron.optimizers); their states do not convert")
+    saved_format = meta.get("optimizer_format", trainer.opt.checkpoint_format)  # absent before it was recorded
+    if saved_format != trainer.opt.checkpoint_format:
+        raise TrainerError(f"{folder / STATE_FILE}: optimizer state saved as {saved_format!r}, this trainer reads "
+                           f"{trainer.opt.checkpoint_format!r}")
     check_metadata(folder / DIST_DIR)
     same_layout = meta.get("layout") == layout()
     model_sd = trainer.model.sharded_state_dict()

@@ -24,22 +24,28 @@ and ``load_sharded_state_dict(state, adam_step)`` for ``repro.train.megatron.dis
 
 from __future__ import annotations
 
-import math
+import importlib.util
 from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from repro.devices import collective_device
+from repro.recipes.backends import TRANSFORMER_ENGINE
 from repro.recipes.schema import OptimConfig
 from repro.train.base import TrainerError
 from repro.train.megatron.parallel import global_grad_norm, is_expert, reduce_gradients
 from repro.train.optimizer import MasterAdamW, load_masters
 from repro.train.zero1 import ShardedMasterAdamW
 
-# megatron's distributed-optimizer checkpoint layout: per-buffer shards, written without gathering on DP rank 0
-# (its 'fully_reshardable' gathers every DP rank's optimizer state into DP rank 0's host memory)
-DISTRIB_OPTIM_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
+# megatron's distributed-optimizer checkpoint layout. 'fully_reshardable' stores each parameter's optimizer state
+# (fp32 master, exp_avg, exp_avg_sq) shaped like the parameter, so it loads onto any TP/PP/EP/DP layout; the
+# 'dp_reshardable' format stores the optimizer's flat buffers and reshards "only in DP dimension"
+# (megatron-core 0.16.1 distrib_optimizer.py, DistributedOptimizer.sharded_state_dict's docstring; the formats that
+# reshard fully are its checkpoint_fully_reshardable_formats). The cost: on save the DP replicas' shards are
+# all-gathered (nothing to gather at AMD's DP 1).
+DISTRIB_OPTIM_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def trainer_optimizer(model: torch.nn.Module, optim: OptimConfig, *, distributed: bool, offload: bool,
@@ -83,6 +89,8 @@ class ProjectAdamW:
     """The CPU lane's optimizer: ``inner`` (``MasterAdamW``, or ``ShardedMasterAdamW`` owning ``owned``) plus the
     trainer's own gradient reduction and global clip norm, and its state as megatron sharded tensors."""
 
+    checkpoint_format = "per_parameter"  # each state tensor sharded as its parameter: reshards onto any layout
+
     def __init__(self, model: torch.nn.Module, inner: MasterAdamW | ShardedMasterAdamW, owned: list[int] | None):
         self.model, self.inner = model, inner
         self.names = inner.names
@@ -104,8 +112,10 @@ class ProjectAdamW:
         steps = [float(s["step"]) for s in self.inner.optimizer.state.values() if "step" in s]
         if len(set(steps)) > 1:
             raise TrainerError(f"AdamW state has differing step counts {sorted(set(steps))}")
-        local = torch.tensor([steps[0] if steps else 0.0], dtype=torch.float64)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        local = torch.tensor([steps[0] if steps else 0.0], dtype=torch.float64,
+                             device=collective_device(dist.get_backend()) if distributed else "cpu")
+        if distributed:
             dist.all_reduce(local, op=dist.ReduceOp.MAX)
         return float(local)
 
@@ -142,10 +152,17 @@ class ProjectAdamW:
 class MegatronAdamW:
     """megatron-core's optimizer on a GPU rank (see the module docstring). Not constructible on CPU."""
 
+    checkpoint_format = DISTRIB_OPTIM_SHARDING["distrib_optim_sharding_type"]
+
     def __init__(self, model: torch.nn.Module, optimizer_kwargs: dict[str, Any], ddp_kwargs: dict[str, Any]):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        if optimizer_kwargs.get("use_precision_aware_optimizer") and importlib.util.find_spec(
+                "transformer_engine") is None:
+            raise TrainerError(f"{TRANSFORMER_ENGINE.what}; it is not installed here (module transformer_engine): "
+                               "use an image with it (AMD's and NVIDIA's Megatron images have it), or turn "
+                               "actor.optimizer_cpu_offload off and set actor.optimizer_moment_dtype=fp32")
         self.model = model
         # the hooks DDP puts on each parameter move its gradient into the fp32 buffer, whichever module runs forward
         self.ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(**ddp_kwargs), model)
@@ -162,18 +179,37 @@ class MegatronAdamW:
         return [p.main_grad.float() for p in self.model_params]
 
     def step(self, lr: float) -> float:
-        """Reduce (``finalize_model_grads``, no token count: each loss is already its share), then megatron clips
-        by the global norm and steps; a non-finite norm skips the update as the CPU optimizer does."""
+        """Reduce (``finalize_model_grads``, no token count: each loss is already its share), then megatron clips by
+        the global norm and steps; returns the norm megatron's ``step()`` took (megatron-core 0.16.1 fills the main
+        params' gradients only inside ``step()`` -> ``prepare_grads``, so a norm asked for before it is 0).
+
+        A NaN/Inf anywhere in the gradient skips the update on every rank, as the CPU optimizer does: megatron would
+        not (without a grad scaler, BF16's case, ``step()`` clips by a NaN norm -- a no-op -- and applies it), so the
+        DDP gradient buffers are checked first (``_gradient_is_finite``) and the non-finite norm is reported as NaN.
+        """
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([self.ddp])
-        norm = float(self.optimizer.get_grad_norm())
-        if math.isfinite(norm):
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        norm = float("nan")
+        if self._gradient_is_finite():
+            ok, grad_norm, _ = self.optimizer.step()
+            norm = float(grad_norm) if ok and grad_norm is not None else float("nan")
         self.zero_grad()
         return norm
+
+    def _gradient_is_finite(self) -> bool:
+        """Whether every rank's DDP gradient buffers (dense and expert) hold only finite values (collective)."""
+        buffers = [b.grad_data for b in self.ddp.buffers + self.ddp.expert_parallel_buffers]
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        device = collective_device(dist.get_backend()) if distributed else (buffers[0].device if buffers else "cpu")
+        bad = torch.zeros((), dtype=torch.int64, device=device)
+        for grads in buffers:
+            bad += (~torch.isfinite(grads)).any().to(device)
+        if distributed:
+            dist.all_reduce(bad)
+        return int(bad) == 0
 
     def adam_step(self) -> None:
         return None  # megatron's sharded optimizer state carries its own step
