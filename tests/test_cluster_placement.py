@@ -63,6 +63,35 @@ def test_plan_rejects_workers_that_do_not_split_over_nodes():
         plan_placement(uneven)
 
 
+
+ONE_GPU = ["cluster.accelerator=cuda", "cluster.gpus_per_node=1", "cluster.colocate=gpu", "actor.backend=megatron",
+           "actor.model_provider=repro.train.megatron.qwen3:provider", "rollout.backend=vllm"]
+
+
+def test_a_one_gpu_box_shares_its_gpu_half_and_half_and_syncs_over_gloo():
+    from repro.groups.workers import sync_backend
+    from repro.rollout.vllm_args import uses_vllm_transfer
+
+    recipe = load_recipe(TINY, ONE_GPU)
+    plan = plan_placement(recipe)
+    assert plan.group(TRAINER).bundles == ({"GPU": 0.5, "CPU": 4},)
+    assert plan.group(ROLLOUT).bundles == ({"GPU": 0.5, "CPU": 8},) and plan.group(ROLLOUT).avoid_groups == ()
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): repro's stream over gloo, no vLLM engine
+    assert sync_backend(recipe) == "gloo" and not uses_vllm_transfer(recipe)
+    beside = load_recipe(TINY, [*ONE_GPU, "cluster.gpus_per_node=2", "cluster.colocate=node"])
+    assert plan_placement(beside).group(ROLLOUT).bundles == ({"GPU": 1, "CPU": 8},)
+    assert sync_backend(beside) == "nccl" and sync_backend(load_recipe(AMD)) == "nccl"
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["actor.num_workers=2"], "cluster.colocate='gpu': one trainer worker and a TP-1 rollout share one GPU"),
+    (["cluster.num_nodes=2"], "cluster.colocate='gpu': one node"),
+    (["cluster.colocate=node"], "cluster.colocate='node': 1 trainer GPU\\(s\\) \\+ rollout TP=1 exceed"),
+])
+def test_colocated_layouts_that_do_not_fit_are_named(extra, says):
+    with pytest.raises(Exception, match=says):
+        load_recipe(TINY, [*ONE_GPU, *extra])
+
 def test_joining_an_unreachable_address_names_it_quickly():
     from repro.cluster.runtime import ensure_ray
 

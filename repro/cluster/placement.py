@@ -109,9 +109,11 @@ def plan_placement(recipe: "Recipe") -> PlacementPlan:
             raise PlacementError(
                 f"actor.num_workers: {per_node} one-GPU workers per node exceed cluster.gpus_per_node={cluster.gpus_per_node}"
             )
-        trainer_bundle = {"GPU": 1, "CPU": CPUS_PER_TRAINER_GPU}
-        rollout_bundle = {"GPU": rollout.tensor_parallel, "CPU": CPUS_PER_ROLLOUT_REPLICA}
-        avoid = (TRAINER,)
+        # cluster.colocate 'gpu': half a GPU each, so Ray puts both on the one GPU (a one-GPU smoke test)
+        share = 0.5 if cluster.colocate == "gpu" else 1
+        trainer_bundle = {"GPU": share, "CPU": CPUS_PER_TRAINER_GPU}
+        rollout_bundle = {"GPU": rollout.tensor_parallel * share, "CPU": CPUS_PER_ROLLOUT_REPLICA}
+        avoid = (TRAINER,) if cluster.colocate == "none" else ()
     trainer = BundlePlan(
         name=TRAINER,
         bundles=tuple(dict(trainer_bundle) for _ in range(actor.num_workers)),

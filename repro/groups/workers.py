@@ -36,8 +36,9 @@ def _recipe(recipe: Recipe | dict) -> Recipe:
 
 
 def sync_backend(recipe: Recipe) -> str:
-    """gloo on CPU lanes; NCCL (RCCL on ROCm) where the rollout runs on GPUs."""
-    return "nccl" if recipe.cluster.gpus_per_node > 0 else "gloo"
+    """gloo on CPU lanes, and where trainer and rollout share one GPU (``cluster.colocate: gpu``: NCCL refuses two
+    ranks on one device, "Duplicate GPU detected"); NCCL (RCCL on ROCm) where the rollout has GPUs of its own."""
+    return "nccl" if recipe.cluster.gpus_per_node > 0 and recipe.cluster.colocate != "gpu" else "gloo"
 
 
 def _node_host() -> str:

@@ -94,7 +94,11 @@ def resource_problems(recipe: "Recipe") -> list[str]:
     if cluster.gpus_per_node == 0:
         if cluster.accelerator != "cpu":
             problems.append(f"cluster.accelerator: {cluster.accelerator!r} with gpus_per_node=0; use 'cpu'")
+        if cluster.colocate != "none":
+            problems.append(f"cluster.colocate: {cluster.colocate!r} places GPU workers; CPU mode has none")
         return problems
+    if cluster.colocate != "none":
+        return problems + colocated_problems(recipe)
     if actor.nodes + rollout.num_replicas * _nodes_for(rollout.tensor_parallel, cluster.gpus_per_node) > cluster.num_nodes:
         problems.append(
             f"cluster.num_nodes: {cluster.num_nodes} nodes cannot host actor.nodes={actor.nodes} trainer nodes plus "
@@ -111,6 +115,22 @@ def resource_problems(recipe: "Recipe") -> list[str]:
             f"(cluster.gpus_per_node={cluster.gpus_per_node})"
         )
     return problems
+
+
+def colocated_problems(recipe: "Recipe") -> list[str]:
+    """The one-node layouts of ``cluster.colocate``: everything on one node; 'gpu' shares one trainer rank's GPU
+    with a TP-1 rollout."""
+    cluster, actor, rollout = recipe.cluster, recipe.actor, recipe.rollout
+    where = f"cluster.colocate={cluster.colocate!r}"
+    if cluster.num_nodes != 1 or actor.nodes != 1 or rollout.num_replicas != 1:
+        return [f"{where}: one node (cluster.num_nodes, actor.nodes, rollout.num_replicas all 1)"]
+    if cluster.colocate == "gpu" and (actor.num_workers != 1 or rollout.tensor_parallel != 1):
+        return [f"{where}: one trainer worker and a TP-1 rollout share one GPU (actor.num_workers="
+                f"{actor.num_workers}, rollout.tensor_parallel={rollout.tensor_parallel})"]
+    if cluster.colocate == "node" and actor.num_workers + rollout.tensor_parallel > cluster.gpus_per_node:
+        return [f"{where}: {actor.num_workers} trainer GPU(s) + rollout TP={rollout.tensor_parallel} exceed "
+                f"cluster.gpus_per_node={cluster.gpus_per_node}"]
+    return []
 
 
 def _nodes_for(gpus: int, gpus_per_node: int) -> int:

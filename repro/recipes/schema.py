@@ -38,6 +38,10 @@ class ClusterConfig(Section):
     device_memory_gb: float = Field(192.0, gt=0, description="Memory of one accelerator in GB (MI308X: 192 GB HBM3); the dry run's memory budget judges each trainer rank against it.")
     host_memory_gb: float | None = Field(None, gt=0, description="Host RAM of one node in GB, for the dry run's budget of the offloaded optimizer; null: unknown (AMD does not state it; `repro check` measures it).")
     ray_address: str | None = Field("auto", description="Ray cluster to join; 'auto' finds a running one, null starts a local instance.")
+    colocate: Literal["none", "node", "gpu"] = Field(
+        "none", description="Where the rollout may run: 'none' on nodes without trainer ranks (AMD); 'node' beside "
+        "them on their node's free GPUs (a one-node box); 'gpu' sharing their GPU, half each (a one-GPU smoke test: "
+        "its weight sync goes over gloo, since NCCL cannot put two ranks on one GPU).")
     versions: ClusterVersions = Field(default_factory=ClusterVersions, description="Software the cluster runs; `repro check` compares against it.")
     cpu_threads_per_worker: int = Field(1, ge=1, description="CPU mode: torch threads of each Ray worker. The loop runs one phase at a time, so the running worker may use every core; above 1 idle threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning against the other worker.")
 

@@ -43,7 +43,8 @@ def uses_vllm_transfer(recipe: Recipe) -> bool:
     (vLLM's engine has one source; one stream per pipeline stage stays on repro's own groups). The only place
     the choice is made."""
     return (recipe.weight_sync.vllm_engine and rollout_of(recipe).transfer_engine
-            and recipe.cluster.accelerator != "cpu" and recipe.cluster.gpus_per_node > 0 and sync_senders(recipe) == 1)
+            and recipe.cluster.accelerator != "cpu" and recipe.cluster.gpus_per_node > 0 and sync_senders(recipe) == 1
+            and recipe.cluster.colocate != "gpu")  # vLLM's engine is NCCL, which cannot pair two ranks on one GPU
 
 
 def engine_args_from_recipe(recipe: Recipe | dict, model_dir: str | Path) -> dict[str, Any]:
