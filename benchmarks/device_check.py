@@ -1,32 +1,35 @@
-"""Device check for whoever has a CUDA or ROCm GPU: what the CPU-only test machine cannot show.
+"""Device check for whoever has a CUDA or ROCm GPU: the production path the CPU-only test machines cannot run.
 
-    python benchmarks/device_check.py [--out DIR]      (about 3-8 minutes on one GPU)
+    python benchmarks/device_check.py [--out DIR]           (about 5-8 minutes on one GPU)
+    python benchmarks/device_check.py --cpu-dry-run         (the same launches on this CPU: vLLM + megatron lane)
 
-Not part of `make test` (pytest collects only tests/; tests/test_device_check.py runs it on the CPU, where every
-check that needs a GPU says SKIP). Each check is a ``(name, function)`` in ``CHECKS``; the function returns
-``(status, detail)``, status PASS, FAIL or SKIP. ``benchmarks/device_check_megatron.py``, where present, adds its
-own ``CHECKS`` in the same form. Every check runs, each under its own try/except (an exception is its FAIL, with
-the error); a table is printed and ``device_check.json`` written to $OUT if set, else to --out (default
-runs/device_check); the exit code is 1 if any check FAILed.
+Not part of `make test` (tests/test_device_check.py runs it on a CPU, where every GPU check says SKIP). Each check
+is a ``(name, function)`` returning ``(status, detail)``, status PASS, FAIL or SKIP; each runs under its own
+try/except (an exception is its FAIL); a table is printed and ``device_check.json`` written to $OUT if set, else to
+--out (default runs/device_check); the exit code is 1 if any check FAILed.
 
-1. `repro check` for the AMD recipe on this host (informational: one GPU is not the 24-GPU cluster, so its
-   GPU-count FAIL is expected; the accelerator, architecture, FP8 format and versions rows are what to read).
-2. The tiny DeepSeek-V4 forward on the GPU against the CPU (fp32 logits agree to 1e-3) and block-FP8
-   quantisation on the GPU bit-identical to the CPU's, for the format this GPU computes in.
-3. repro's own streaming weight sync (``repro.sync``/``repro.sync.group``) over NCCL from a trainer process into a
-   vLLM worker on the GPU (tiny Qwen3-MoE, twice: a changed policy, then the original back, whose samples must
-   equal the first ones), timed, with block-FP8 quantisation's GB/s on the GPU. NCCL refuses two ranks on one
-   GPU ("Duplicate GPU"): with one GPU the trainer's NCCL send is tried, that refusal reported, and the same
-   stream then crosses on gloo into the GPU worker. Needs vLLM; skipped without it.
-4. The same two syncs through vLLM's own weight-transfer engine (``repro.rollout.vllm_transfer``): device
-   buffers packed by the trainer, vLLM's packed consumer, start/update/finish, lm_head read back bit-exact. With
-   two GPUs over vLLM's NCCL group (trainer on the second); with one, NCCL cannot pair two ranks on it, so the
-   group is the gloo stand-in of tests/standins/vllm_gloo_transfer.py (with CUDA tensors and real streams) and
-   the check says so. Needs vLLM with ``vllm.distributed.weight_transfer``; skipped without it.
-5. (run last, in the time left) The engine and trainer contract tests, tests/test_rollout_engine.py and
-   tests/test_trainer_contract.py. The embedded engine and trainer take no device argument (they build their
-   tensors on the CPU), so these run ON THE CPU of the GPU machine: they prove the contract there, not GPU
-   execution. Skipped where no GPU is visible (the CPU lanes run them already).
+Everything below is what a user runs: ``repro check`` and ``repro launch`` as subprocesses, on a tiny Qwen3-MoE
+built by ``repro.model.tiny_qwen3_moe`` and trained through the Megatron provider (``repro.train.megatron.qwen3``),
+served by vLLM. Nothing is moved to the device or handed over by hand: the launch places the trainer rank and the
+vLLM rollout through Ray, the trainer moves its model and micro-batches, the sync packs where its transport says.
+
+1. ``repro_check``: ``repro check`` for the AMD recipe (informational: one GPU is not the cluster; the accelerator,
+   FP8 format, Transformer Engine and versions rows are what to read).
+2. ``launch``: ``repro launch`` for 3 steps. One GPU: trainer and rollout share it through fractional Ray GPU
+   resources (``cluster.colocate=gpu``), and the sync is repro's stream over gloo -- NCCL refuses two ranks on one
+   GPU ("Duplicate GPU detected"). Two or more: the rollout on its own GPU (``colocate=node``), repro's stream over
+   NCCL. A NaN is injected into update 2's gradient (``REPRO_FAULT_NAN_GRADIENT_AT_UPDATE``): PASS when steps 1 and
+   3 have a finite, non-zero ``actor/grad_norm``, step 2's is NaN (skipped) and training goes on (step 3's loss
+   finite, sync versions 1-3).
+3. ``resume``: ``repro launch --resume --steps 4`` on that run: PASS when step 4 is trained from step 3's
+   checkpoint (Megatron's dist checkpoint with megatron's own optimizer state) and steps 1-3 are kept.
+4. ``vllm_engine_sync``: two or more GPUs only: 2 steps with vLLM's own weight-transfer engine (NCCL) carrying the
+   sync. SKIP on one GPU (NCCL cannot pair two ranks on it).
+5. ``benchmarks/device_check_megatron.py``'s checks: megatron's distributed, CPU-offloaded optimizer (AMD's
+   mapping) stepped through MegatronTrainer, and its dist checkpoint round trip.
+
+Not run here: AMD's 24-GPU layout (PP 4 senders, TP8 rollout), block-FP8 serving (the tiny model's 64-wide matrices
+are narrower than a 128x128 block), ROCm-specific kernels. The same script runs on ROCm (torch's cuda API is HIP's).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,155 +46,147 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-STANDINS = REPO / "tests" / "standins"
 BUDGET_S = 480  # the ~8 minutes a device slot gives this check
-NO_GPU = ("SKIP", "no CUDA/ROCm device visible to torch")
+LAUNCH_TIMEOUT_S = 240
+NAN_UPDATE = 2
 Check = tuple[str, Callable[[], tuple[str, str]]]
 CLI = ("import sys; from repro import cli; "
        "cli.COMMANDS.setdefault('check', ('repro.commands.check', 'cluster readiness')); sys.exit(cli.main())")
 
 
+def gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _installed(package: str) -> bool:
+    """A real package (a folder of the same name, e.g. tests/vllm on sys.path, is a namespace without an origin)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:  # "a.b" whose parent "a" is absent
+        return False
+    return spec is not None and spec.origin is not None
+
+
+def _missing_stack() -> str | None:
+    missing = [m for m in ("vllm", "megatron.core") if not _installed(m)]
+    return f"not installed here: {', '.join(missing)}" if missing else None
+
+
+def recipe_sets(model_dir: Path, gpu_count: int, vllm_engine: bool = False) -> list[str]:
+    """The tiny-cpu recipe on this machine: a Megatron trainer rank and a vLLM rollout (``gpu_count`` 0: the CPU
+    lane's settings, fp32 Megatron as `make test-vllm` runs it)."""
+    sets = ["actor.backend=megatron", "actor.num_workers=1", "actor.model_provider=repro.train.megatron.qwen3:provider",
+            f"model.path={model_dir}", "rollout.backend=vllm", "rollout.logprobs_mode=processed",
+            "eval.at_start=false", "eval.after_first_update=false", "eval.samples_per_problem=1",
+            "checkpoint.every_steps=1", "cluster.ray_address=null",
+            f"weight_sync.vllm_engine={str(vllm_engine).lower()}"]
+    if gpu_count == 0:
+        return sets + ["actor.dtype=fp32"]
+    import torch
+
+    accelerator = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    return sets + [f"cluster.accelerator={accelerator}", f"cluster.gpus_per_node={gpu_count}",
+                   f"cluster.colocate={'gpu' if gpu_count == 1 else 'node'}",
+                   "rollout.weight_format=bf16", "rollout.kv_cache_dtype=auto", "rollout.activation_dtype=bf16",
+                   "rollout.gpu_memory_utilization=0.3"]
+
+
+def launch(out: Path, run_dir: Path, sets: list[str], steps: int, resume: bool = False,
+           env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`repro launch` as a user types it; (exit code, last lines of its output)."""
+    args = [sys.executable, "-m", "repro", "launch", "--recipe", "tiny-cpu", "--steps", str(steps),
+            "--run-dir", str(run_dir), "--quiet"] + [a for s in sets for a in ("--set", s)] + (["--resume"] * resume)
+    environment = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    started = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, cwd=REPO, env=environment)
+    log = out / f"{run_dir.name}{'-resume' if resume else ''}.log"
+    log.write_text(" ".join(args) + "\n\n" + done.stdout + "\n" + done.stderr)
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
+    print(f"-- {run_dir.name}: exit {done.returncode} in {time.monotonic() - started:.0f} s (log {log})", flush=True)
+    return done.returncode, tail
+
+
+def train_rows(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in rows if r.get("kind") == "train"}
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+class Launches:
+    """The runs the checks share (one launch serves the launch check, its resume the next)."""
+
+    def __init__(self, out: Path, gpu_count: int):
+        self.out, self.gpu_count = out, gpu_count
+        self.model_dir: Path | None = None
+        self.first: tuple[int, str] | None = None
+
+    def model(self) -> Path:
+        if self.model_dir is None:
+            from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe
+
+            self.model_dir = build_tiny_math_qwen3_moe(self.out / "tiny-qwen3-moe", seed=0)
+        return self.model_dir
+
+    def check_launch(self) -> tuple[str, str]:
+        sets = recipe_sets(self.model(), self.gpu_count)
+        self.first = launch(self.out, self.out / "run", sets, steps=3,
+                            env={"REPRO_FAULT_NAN_GRADIENT_AT_UPDATE": str(NAN_UPDATE)})
+        code, tail = self.first
+        if code != 0:
+            return "FAIL", f"repro launch exit {code}: {tail}"
+        rows = train_rows(self.out / "run")
+        norms = {s: rows[s].get("actor/grad_norm") for s in sorted(rows)}
+        versions = [rows[s].get("weight_sync/version") for s in sorted(rows)]
+        transport = "gloo (one GPU shared)" if self.gpu_count == 1 else "NCCL" if self.gpu_count else "gloo (CPU)"
+        ok = (sorted(rows) == [1, 2, 3] and versions == [1, 2, 3] and not finite(norms[NAN_UPDATE])
+              and all(finite(norms[s]) and norms[s] > 0 for s in (1, 3)) and finite(rows[3].get("actor/loss")))
+        return ("PASS" if ok else "FAIL"), (f"3 steps, repro's stream over {transport}; grad_norm by step {norms} "
+                                            f"(NaN injected into update {NAN_UPDATE}: skipped); "
+                                            f"sync versions {versions}")
+
+    def check_resume(self) -> tuple[str, str]:
+        if self.first is None or self.first[0] != 0:
+            return "SKIP", "the launch check did not complete a run to resume"
+        run = self.out / "run"
+        before = train_rows(run)
+        code, tail = launch(self.out, run, recipe_sets(self.model(), self.gpu_count), steps=4, resume=True)
+        if code != 0:
+            return "FAIL", f"repro launch --resume exit {code}: {tail}"
+        after = train_rows(run)
+        kept = all(after[s].get("actor/loss") == before[s].get("actor/loss") for s in before
+                   if finite(before[s].get("actor/loss")))
+        norm = after.get(4, {}).get("actor/grad_norm")
+        ok = sorted(after) == [1, 2, 3, 4] and kept and finite(norm)
+        return ("PASS" if ok else "FAIL"), f"steps {sorted(after)}; step 4 grad_norm {norm}; steps 1-3 kept: {kept}"
+
+    def check_vllm_engine(self) -> tuple[str, str]:
+        if self.gpu_count < 2:
+            return "SKIP", ("needs 2 GPUs: vLLM's weight-transfer engine is NCCL, which refuses two ranks on one GPU"
+                            if self.gpu_count == 1 else "vLLM's weight-transfer engine runs on GPUs only")
+        run = self.out / "run-vllm-engine"
+        code, tail = launch(self.out, run, recipe_sets(self.model(), self.gpu_count, vllm_engine=True), steps=2)
+        if code != 0:
+            return "FAIL", f"repro launch exit {code}: {tail}"
+        rows = train_rows(run)
+        versions = [rows[s].get("weight_sync/version") for s in sorted(rows)]
+        ok = versions == [1, 2] and all(finite(rows[s].get("actor/grad_norm")) for s in rows)
+        return ("PASS" if ok else "FAIL"), (f"2 steps through vLLM's NCCL weight-transfer engine; "
+                                            f"sync versions {versions}")
+
+
 def step_repro_check(out: Path) -> tuple[str, str]:
     path = out / "repro_check_amd.json"
     done = subprocess.run([sys.executable, "-c", CLI, "check", "--recipe", "amd-dsv4-flash-mi308x", "--json", str(path),
-                           "--run-dir", str(out / "run")], capture_output=True, text=True, timeout=120, cwd=REPO)
+                           "--run-dir", str(out / "check")], capture_output=True, text=True, timeout=120, cwd=REPO)
     print(done.stdout[-6000:], done.stderr[-2000:], sep="\n")
     rows = {r["check"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-    seen = {k: rows[k]["status"] for k in ("accelerator", "fp8_format", "torch") if k in rows}
+    seen = {k: rows[k]["status"] for k in ("accelerator", "fp8_format", "torch", "transformer_engine") if k in rows}
     return ("PASS" if rows else "FAIL"), f"informational, exit {done.returncode}; {seen}"
-
-
-def step_gpu_numerics() -> tuple[str, str]:
-    import torch
-
-    from repro.readiness.checks import fp8_format_for
-    from repro.fp8.quant import quantize_block
-    from repro.model.tiny import BOS_TOKEN_ID, build_tiny_model
-
-    if not torch.cuda.is_available():
-        return NO_GPU
-    dev = torch.device("cuda")
-    props = torch.cuda.get_device_properties(0)
-    hip = getattr(torch.version, "hip", None)
-    arch = (getattr(props, "gcnArchName", "") or "").split(":")[0] if hip else f"sm_{props.major}{props.minor}"
-    fmt = fp8_format_for("rocm" if hip else "cuda", arch) or "e4m3fn"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = build_tiny_model(seed=0)
-    ids = torch.tensor([[BOS_TOKEN_ID, 5, 10, 15, 4, 8, 17, 6, 6, 16]])
-    with torch.no_grad():
-        cpu = model(ids).logits
-        gpu = model.to(dev)(ids.to(dev)).logits.cpu()
-    logit_diff = float((cpu - gpu).abs().max())
-    w = torch.randn(512, 384, generator=torch.Generator().manual_seed(0)) * 0.02
-    q_cpu, s_cpu = quantize_block(w, fmt)
-    q_gpu, s_gpu = quantize_block(w.to(dev), fmt)
-    fp8_same = torch.equal(q_cpu.view(torch.uint8), q_gpu.cpu().view(torch.uint8)) and torch.equal(s_cpu, s_gpu.cpu())
-    ok = logit_diff < 1e-3 and fp8_same
-    return ("PASS" if ok else "FAIL",
-            f"{props.name} ({arch}, {'ROCm ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}): "
-            f"tiny model logits GPU vs CPU max |diff| {logit_diff:.2e}; {fmt} block quantisation "
-            f"GPU == CPU bit for bit: {fp8_same}")
-
-
-def step_contract_tests(out: Path, deadline: float) -> tuple[str, str]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return "SKIP", "no CUDA/ROCm device visible to torch (the CPU lanes run these tests already)"
-    left = int(deadline - time.monotonic())
-    if left < 60:
-        return "SKIP", f"{max(left, 0)} s left of the {BUDGET_S} s budget"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_rollout_engine.py",
-           "tests/test_trainer_contract.py", f"--junitxml={out / 'contract_tests.xml'}"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=left, cwd=REPO)
-    except subprocess.TimeoutExpired:
-        return "FAIL", f"contract tests did not finish in {left} s"
-    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
-    print(done.stdout[-4000:])
-    return ("PASS" if done.returncode == 0 else "FAIL",
-            f"on this machine's CPU (the embedded engine/trainer take no device): {tail}")
-
-
-def send_checkpoint(address: dict, model_dir: str, versions: list[int], scale: list[float], device: str) -> None:
-    """The trainer's side of step 4 (its own process): the tiny checkpoint, lm_head scaled per version, streamed
-    on a sync group of its own as rank 0. Also run with gloo on the CPU by tests/test_device_check_sync.py."""
-    from repro.model.tiny_qwen3_moe import checkpoint_tensors
-    from repro.sync.stream import pack_buckets
-    from repro.sync.group import SyncAddress, SyncGroup
-
-    group = SyncGroup(SyncAddress(**address), 0, device)
-    for version, factor in zip(versions, scale):
-        weights = checkpoint_tensors(model_dir)
-        weights["lm_head.weight"] = (weights["lm_head.weight"].float() * factor).to(weights["lm_head.weight"].dtype)
-        group.send(pack_buckets(weights.items(), 64 * 1024, version))
-
-
-def step_streaming_sync(out: Path) -> tuple[str, str]:
-    import multiprocessing as mp
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return NO_GPU
-    if importlib.util.find_spec("vllm") is None:
-        return "SKIP", "vLLM is not installed in this environment"
-    from repro.fp8.quant import quantize_block
-    from repro.model.tiny_qwen3_moe import BOS_ID, EOS_ID, build_tiny_qwen3_moe
-    from repro.rollout.types import SamplingParams
-    from repro.rollout.vllm_args import WORKER_EXTENSION
-    from repro.rollout.vllm_engine import VLLMEngine
-    from repro.sync.group import free_address
-
-    w = torch.randn(8192, 8192, device="cuda").bfloat16()
-    quantize_block(w, "e4m3fn")
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    quantize_block(w, "e4m3fn")
-    torch.cuda.synchronize()
-    fp8_gbps = w.numel() * 2 / (time.perf_counter() - start) / 1e9
-    del w
-    model_dir = build_tiny_qwen3_moe(out / "tiny-qwen3-moe", seed=0)
-    args = dict(model=str(model_dir), tokenizer=str(model_dir), dtype="bfloat16", seed=0, max_model_len=64,
-                enforce_eager=True, logprobs_mode="processed_logprobs", max_logprobs=0, tensor_parallel_size=1,
-                worker_extension_cls=WORKER_EXTENSION, gpu_memory_utilization=0.25)
-    engine = VLLMEngine(model_dir, args, eos_id=EOS_ID, max_context=64, record_routing=False)
-    params = SamplingParams(n=4, max_new_tokens=8, seed=3)
-    notes = []
-    try:
-        before = engine.generate([[BOS_ID, 3, 4]], params)
-        for backend in ("nccl", "gloo"):
-            address = dict(zip(("host", "port"), free_address("127.0.0.1")), sender=0, receivers=1,
-                           backend=backend, timeout_s=90)
-            device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
-            sender = mp.get_context("spawn").Process(target=send_checkpoint, args=(
-                address, str(model_dir), [1, 2], [2.0, 1.0], device if backend == "nccl" else "cpu"))
-            sender.start()
-            try:
-                from repro.sync.group import SyncAddress
-
-                started = time.perf_counter()
-                changed = engine.receive_from_groups([SyncAddress(**address)], version=1)
-                moved = engine.generate([[BOS_ID, 3, 4]], params)
-                back = engine.receive_from_groups([SyncAddress(**address)], version=2)
-                seconds = time.perf_counter() - started
-            except Exception as err:
-                sender.kill()
-                notes.append(f"{backend}: {type(err).__name__}: {str(err)[:300]}")
-                continue
-            finally:
-                sender.join(60)
-            after = engine.generate([[BOS_ID, 3, 4]], params)
-            same = [t.response_ids for t in after.trajectories] == [t.response_ids for t in before.trajectories]
-            differs = [t.response_ids for t in moved.trajectories] != [t.response_ids for t in before.trajectories]
-            detail = (f"{backend}: 2 syncs of {changed.nbytes / 1e6:.1f} MB ({changed.buckets} buckets) in "
-                      f"{seconds:.1f} s; changed policy changed samples: {differs}; original back reproduces "
-                      f"the first samples: {same}; block-FP8 quantisation on the GPU {fp8_gbps:.1f} GB/s")
-            return "PASS" if same and differs and back.version == 2 else "FAIL", "; ".join(notes + [detail])
-        return "FAIL", "; ".join(notes)
-    finally:
-        engine.close()
 
 
 def _load(name: str):
@@ -201,15 +197,26 @@ def _load(name: str):
     return module
 
 
-def checks(out: Path, deadline: float) -> list[Check]:
-    """This file's checks, then device_check_megatron.py's (where present), then the contract tests."""
-    step_vllm_engine_sync = _load("device_check_vllm").step_vllm_engine_sync
-    own: list[Check] = [("repro_check", lambda: step_repro_check(out)), ("gpu_numerics", step_gpu_numerics),
-                        ("repro_stream_sync", lambda: step_streaming_sync(out)),
-                        ("vllm_engine_sync", lambda: step_vllm_engine_sync(out))]
-    if (REPO / "benchmarks" / "device_check_megatron.py").exists():
-        own += list(_load("device_check_megatron").CHECKS)
-    return own + [("contract_tests", lambda: step_contract_tests(out, deadline))]
+def checks(out: Path, deadline: float, cpu_dry_run: bool = False) -> list[Check]:
+    """The checks in order; on a machine without a GPU (and no --cpu-dry-run) the launches SKIP."""
+    count = gpus()
+    launches = Launches(out, count)
+    why_not = _missing_stack() or (None if count or cpu_dry_run else "no CUDA/ROCm device visible to torch")
+
+    def needs_stack(check: Callable[[], tuple[str, str]]) -> Callable[[], tuple[str, str]]:
+        def run() -> tuple[str, str]:
+            if why_not:
+                return "SKIP", why_not
+            if deadline - time.monotonic() < 60:
+                return "SKIP", f"less than a minute left of the {BUDGET_S} s budget"
+            return check()
+        return run
+
+    named: list[Check] = [("repro_check", lambda: step_repro_check(out)),
+                          ("launch", needs_stack(launches.check_launch)),
+                          ("resume", needs_stack(launches.check_resume)),
+                          ("vllm_engine_sync", needs_stack(launches.check_vllm_engine))]
+    return named + list(_load("device_check_megatron").CHECKS)
 
 
 def run_checks(named: list[Check]) -> dict[str, dict]:
@@ -238,13 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "runs" / "device_check"),
                         help="where device_check.json goes ($OUT if set)")
+    parser.add_argument("--cpu-dry-run", action="store_true",
+                        help="run the launches on this CPU (needs vLLM and megatron-core: the vLLM lane's venv)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     deadline = time.monotonic() + BUDGET_S
-    report = run_checks(checks(out, deadline))
+    report = run_checks(checks(out, deadline, args.cpu_dry_run))
     print_table(report)
     path = out / "device_check.json"
     partial = path.with_suffix(".json.partial")

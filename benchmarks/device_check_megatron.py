@@ -1,30 +1,34 @@
-"""The Megatron trainer's GPU-only paths, for a device check on one CUDA/ROCm GPU (each well under 2 minutes).
+"""The Megatron trainer on one CUDA/ROCm GPU with AMD's optimizer mapping, for benchmarks/device_check.py.
 
-    from benchmarks.device_check_megatron import CHECKS
+    from device_check_megatron import CHECKS
     for name, check in CHECKS:
         status, detail = check()        # status: "PASS", "FAIL" or "SKIP"
 
-1. ``distributed optimizer step``: megatron-core's own optimizer as the trainer builds it on a GPU
-   (``repro.train.megatron.optimizers.MegatronAdamW``: ``DistributedDataParallel`` + ``get_megatron_optimizer``
-   with the AMD recipe's mapping -- distributed, CPU offload fraction 1.0 through ``HybridDeviceOptimizer``,
-   precision-aware path, BF16 model) on a tiny GPT/MoE; one backward, one ``step(lr)``. PASS when the offloaded
-   Adam state lives in host memory and the BF16 weights equal a torch AdamW step on fp32 copies of the same
-   gradients (clipped by the same norm; no weight decay, which megatron skips on 1-D parameters) to BF16 rounding.
-2. ``dist checkpoint save/load``: ``repro.train.megatron.dist_state`` with that model and optimizer on the GPU:
-   save, load into a second model/optimizer built from another seed, and compare weights, the optimizer's
-   sharded state and the CUDA RNG (and megatron's tracker states) bit for bit.
+AMD's trainer steps megatron's distributed optimizer, CPU-offloaded (``HybridDeviceOptimizer``) on the
+precision-aware path with BF16 moments. ``repro launch`` on one GPU has one trainer rank, which builds no distributed
+optimizer, so these checks build the same MegatronTrainer a rank of AMD's layout builds -- its constructor with
+``megatron_layout(amd recipe)``'s optimizer and DDP settings -- in a one-rank world joined the way a rank joins
+(``init_distributed_from_env``), on the tiny GPT/MoE built on the host as the tiny provider builds it. The trainer
+moves the model and each micro-batch to the GPU itself; nothing is moved by hand.
 
-Both SKIP without a CUDA/ROCm device or without megatron-core. They start (or reuse) a one-rank NCCL world.
+1. ``megatron_offloaded_optimizer_step``: one ``train_step``: PASS when the offloaded Adam state lives in host
+   memory, ``actor/grad_norm`` is the norm of the gradient the trainer accumulated, and the BF16 weights equal a torch
+   AdamW step on fp32 copies of that gradient (clipped by the same norm; no weight decay) to BF16 rounding.
+2. ``megatron_dist_checkpoint``: ``trainer.save`` then ``load`` into a second trainer built from another seed:
+   weights, megatron's optimizer state (fully reshardable format) and the RNG states equal bit for bit.
+
+Both SKIP without a GPU or megatron-core. Without Transformer Engine, megatron-core 0.16.1 cannot configure the
+precision-aware optimizer: the trainer refuses, naming TE, and the checks SKIP quoting that refusal.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import socket
 import tempfile
 import traceback
-from types import SimpleNamespace
 from typing import Callable
 
 LR = 1e-3
@@ -41,108 +45,97 @@ def _unavailable() -> str | None:
     return None
 
 
-def _te_version_stand_in() -> str:
-    """megatron-core 0.16.1's OptimizerConfig asks Transformer Engine's version on the precision-aware path (CPU
-    offload takes it) and crashes comparing None when TE is absent; with offload it returns before using TE. Where
-    TE is missing, answer that one question (as tests/megatron/test_megatron_config.py does) and say so."""
-    if importlib.util.find_spec("transformer_engine") is not None:
-        return ""
-    from megatron.core.optimizer import optimizer_config
+def _join_world() -> None:
+    """A one-rank world, joined as every trainer rank joins (RANK/WORLD_SIZE/MASTER_* in its environment)."""
+    from repro.train.megatron.parallel import init_distributed_from_env
 
-    optimizer_config.is_te_min_version = lambda version, check_equality=True: True
-    return " [no Transformer Engine here: megatron's TE version query answered by a stand-in]"
-
-
-def _world() -> None:
-    """A one-rank NCCL world with megatron's model-parallel groups at size 1 and its RNG tracker seeded."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    model_parallel_cuda_manual_seed(1234)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        os.environ.setdefault(key, value)
+    init_distributed_from_env()
 
 
-def _model_and_optimizer(seed: int):
-    """Tiny BF16 GPT/MoE on the GPU and the trainer's GPU optimizer with the AMD recipe's optimizer mapping."""
-    import torch
-
+def _trainer(seed: int):
+    """MegatronTrainer as a rank of AMD's layout builds it (distributed, offloaded, BF16 moments), tiny model."""
     from repro.recipes import load_recipe
-    from repro.train.precision import cast_for_training
+    from repro.recipes.schema import OptimConfig
     from repro.train.megatron.config import ddp_config, megatron_layout
-    from repro.train.megatron.optimizers import MegatronAdamW
     from repro.train.megatron.tiny import build_tiny_gpt_moe
+    from repro.train.megatron.trainer import MegatronTrainer
 
-    # BF16 as MegatronTrainer casts a bf16 recipe's model; built on the host (use_cpu_initialization), then moved
-    model = cast_for_training(build_tiny_gpt_moe(seed=seed, params_dtype=torch.bfloat16, bf16=True), "bf16").cuda()
-    model.config.calculate_per_token_loss = True  # as MegatronTrainer sets it: each loss is already its share
-    options = dict(megatron_layout(load_recipe("amd-dsv4-flash-mi308x"))["optimizer"], lr=LR, min_lr=LR,
-                   clip_grad=CLIP, weight_decay=0.0)
-    return model, MegatronAdamW(model, options, ddp_config(True))
+    _join_world()
+    amd = load_recipe("amd-dsv4-flash-mi308x")
+    optimizer = dict(megatron_layout(amd)["optimizer"], lr=LR, min_lr=LR, clip_grad=CLIP, weight_decay=0.0)
+    optim = OptimConfig(lr=LR, weight_decay=0.0, grad_clip=CLIP, warmup_steps=0, betas=list(amd.optim.betas),
+                        eps=amd.optim.eps)
+    return MegatronTrainer(build_tiny_gpt_moe(seed=seed), optim=optim, dtype="bf16", temperature=1.0,
+                           replay_routing=False, distributed_optimizer=True, optimizer_offload=True,
+                           megatron_optimizer=optimizer, megatron_ddp=ddp_config(True))
 
 
-def _backward(model) -> None:
+def _batch():
+    """A host batch as the loop hands one over: 4 rows of prompt + response, no recorded routing."""
     import torch
 
-    from repro.train.megatron.model import forward_logits
+    from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE
+    from repro.rollout.types import FinishReason, Trajectory
+    from repro.train.batch import build_batch
 
-    tokens = torch.randint(0, 25, (2, 16), generator=torch.Generator().manual_seed(0)).cuda()
-    forward_logits(model, tokens).float().logsumexp(-1).mean().backward()
-
-
-def _with_gradients():
-    """(stand-in note, model, optimizer) on the one-rank world, seeded, with one backward's gradients in place."""
-    note = _te_version_stand_in()
-    _world()
-    model, opt = _model_and_optimizer(seed=3)
-    opt.zero_grad()
-    _backward(model)
-    return note, model, opt
+    gen = torch.Generator().manual_seed(0)
+    rows = [Trajectory(i // 2, i % 2, [BOS_TOKEN_ID] + torch.randint(3, TINY_VOCAB_SIZE, (6,), generator=gen).tolist(),
+                       torch.randint(3, TINY_VOCAB_SIZE, (3 + i,), generator=gen).tolist() + [EOS_TOKEN_ID],
+                       torch.zeros(4 + i), FinishReason.EOS, weight_version=0) for i in range(4)]
+    return build_batch(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), PAD_TOKEN_ID, with_routing=False)
 
 
-def check_distributed_optimizer_step() -> tuple[str, str]:
+def _refused(err: Exception) -> tuple[str, str] | None:
+    """The trainer's refusal without Transformer Engine is the expected answer there: a SKIP that quotes it."""
+    if "Transformer Engine" in str(err) and importlib.util.find_spec("transformer_engine") is None:
+        return "SKIP", f"the trainer refused, as it must without Transformer Engine: {err}"
+    return None
+
+
+def check_offloaded_optimizer_step() -> tuple[str, str]:
     why = _unavailable()
     if why:
         return "SKIP", why
     try:
         import torch
 
-        note, model, opt = _with_gradients()
-        names = [n for n, _ in model.named_parameters()]
-        params = [p for _, p in model.named_parameters()]
-        masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
-        grads = [p.main_grad.detach().float().clone() for p in params]  # DP world 1: finalize leaves them
-        norm = opt.step(LR)
-        for m, g in zip(masters, grads):
-            m.grad = g
-        want_norm = float(torch.nn.utils.clip_grad_norm_(masters, CLIP))
-        # the AMD mapping's betas/eps (the recipe's); megatron's CPU Adam is torch's fused AdamW
-        cfg = opt.optimizer.config
-        reference = torch.optim.AdamW(masters, lr=LR, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                                      weight_decay=0.0)
-        reference.step()
-        offloaded = [t.device.type for state in _adam_states(opt.optimizer) for t in state.values()
-                     if isinstance(t, torch.Tensor) and t.dim() > 0]
-        if not offloaded or set(offloaded) != {"cpu"}:
-            return "FAIL", f"offloaded Adam state devices {sorted(set(offloaded))}, want only cpu"
+        try:
+            trainer = _trainer(seed=3)
+        except Exception as err:
+            refused = _refused(err)
+            if refused:
+                return refused
+            raise
+        batch = _batch()
+        batch.old_logprobs = trainer.logprobs(batch, replay_routing=False).logprobs
+        grads = trainer.gradients(batch)  # the accumulated gradient the update will see (this rank holds it all)
+        masters = {n: torch.nn.Parameter(p.detach().float().clone()) for n, p in trainer.model.named_parameters()}
+        metrics = trainer.train_step(batch)
+        for name, master in masters.items():
+            master.grad = grads[name].float().to(master.device)
+        want_norm = float(torch.nn.utils.clip_grad_norm_(list(masters.values()), CLIP))
+        cfg = trainer.opt.optimizer.config
+        torch.optim.AdamW(list(masters.values()), lr=LR, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                          weight_decay=0.0).step()
+        offloaded = sorted({t.device.type for state in _adam_states(trainer.opt.optimizer) for t in state.values()
+                            if isinstance(t, torch.Tensor) and t.dim() > 0})
         worst, where = 0.0, ""
-        for name, p, m in zip(names, params, masters):
-            diff = float((p.detach().float() - m.detach().to(torch.bfloat16).float()).abs().max())
+        for name, p in trainer.model.named_parameters():
+            diff = float((p.detach().float() - masters[name].detach().to(torch.bfloat16).float()).abs().max())
             if diff > worst:
                 worst, where = diff, name
-        ulp = float(max(float(m.detach().abs().max()) for m in masters)) * 2 ** -7
-        detail = (f"{type(opt.optimizer).__name__}, norm {norm:.6g} vs reference {want_norm:.6g}, "
-                  f"max |w - ref| {worst:.3g} at {where} (BF16 ulp at max |w|: {ulp:.3g}), "
-                  f"{len(offloaded)} Adam tensors on cpu{note}")
-        ok = abs(norm - want_norm) <= 1e-3 * want_norm and worst <= ulp
+        ulp = max(float(m.detach().abs().max()) for m in masters.values()) * 2 ** -7
+        norm = metrics["actor/grad_norm"]
+        detail = (f"{type(trainer.opt.optimizer).__name__} on {trainer.device}; grad_norm {norm:.6g} vs "
+                  f"{want_norm:.6g}; max |w - ref| {worst:.3g} at {where} (BF16 ulp at max |w|: {ulp:.3g}); "
+                  f"Adam state on {offloaded}")
+        ok = offloaded == ["cpu"] and abs(norm - want_norm) <= 1e-3 * want_norm and worst <= ulp
         return ("PASS" if ok else "FAIL"), detail
     except Exception:
         return "FAIL", traceback.format_exc(limit=6)
@@ -158,7 +151,8 @@ def _adam_states(optimizer) -> list[dict]:
     states = []
     for part in parts:
         if not isinstance(part.optimizer, HybridDeviceOptimizer):
-            raise TypeError(f"expected megatron's HybridDeviceOptimizer (CPU offload), got {type(part.optimizer).__name__}")
+            raise TypeError("expected megatron's HybridDeviceOptimizer (CPU offload), got "
+                            f"{type(part.optimizer).__name__}")
         states += [state for sub in part.optimizer.sub_optimizers for state in sub.state.values()]
     return states
 
@@ -170,26 +164,32 @@ def check_dist_checkpoint() -> tuple[str, str]:
     try:
         import torch
 
-        from repro.train.megatron.dist_state import load_state, read_meta, rng_states, save_state
+        from repro.train.megatron.dist_state import rng_states
 
-        note, model, opt = _with_gradients()
-        opt.step(LR)
-        saved = SimpleNamespace(model=model, opt=opt, step=1, updates=1, dtype_name="bf16")
+        try:
+            saved = _trainer(seed=3)
+        except Exception as err:
+            refused = _refused(err)
+            if refused:
+                return refused
+            raise
+        batch = _batch()
+        batch.old_logprobs = saved.logprobs(batch, replay_routing=False).logprobs
+        saved.train_step(batch)
         rng = {k: v.clone() for k, v in rng_states().items()}
         with tempfile.TemporaryDirectory() as tmp:
-            folder = save_state(saved, f"{tmp}/state")
+            folder = saved.save(f"{tmp}/state")
             torch.cuda.manual_seed(99)  # the CUDA RNG moves on; load must put it back
-            other, other_opt = _model_and_optimizer(seed=11)
-            loaded = SimpleNamespace(model=other, opt=other_opt, step=0, updates=0, dtype_name="bf16",
-                                     resharded_from=None)
-            load_state(loaded, folder, read_meta(folder))
-            want = copy.deepcopy(opt.optimizer.state_dict())
-            got = other_opt.optimizer.state_dict()
-        bad = [n for (n, a), b in zip(model.named_parameters(), other.parameters()) if not torch.equal(a, b)]
+            loaded = _trainer(seed=11)
+            loaded.load(folder)
+        want = copy.deepcopy(saved.opt.optimizer.state_dict())
+        got = loaded.opt.optimizer.state_dict()
+        pairs = zip(saved.model.named_parameters(), loaded.model.parameters())
+        bad = [n for (n, a), b in pairs if not torch.equal(a, b)]
         bad_rng = [k for k, v in rng_states().items() if not torch.equal(v, rng[k])]
         bad_opt = _diff(want, got)
-        detail = (f"{len(list(model.parameters()))} weights, optimizer state, RNG {sorted(rng)}; mismatched: "
-                  f"weights {bad[:3]}, optimizer {bad_opt[:3]}, rng {bad_rng}{note}")
+        detail = (f"{len(list(saved.model.parameters()))} weights, optimizer state ({saved.opt.checkpoint_format}), "
+                  f"RNG {sorted(rng)}; mismatched: weights {bad[:3]}, optimizer {bad_opt[:3]}, rng {bad_rng}")
         ok = not bad and not bad_rng and not bad_opt and loaded.step == 1
         return ("PASS" if ok else "FAIL"), detail
     except Exception:
@@ -215,8 +215,8 @@ def _diff(a, b, path: str = "") -> list[str]:
 
 
 CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
-    ("megatron distributed optimizer step (CPU offload)", check_distributed_optimizer_step),
-    ("megatron dist checkpoint save/load", check_dist_checkpoint),
+    ("megatron_offloaded_optimizer_step", check_offloaded_optimizer_step),
+    ("megatron_dist_checkpoint", check_dist_checkpoint),
 ]
 
 

@@ -37,7 +37,7 @@ class _HostStream:
 @contextlib.contextmanager
 def no_device_streams():
     """vLLM's packed transfer with its CUDA stream calls made no-ops (the one device step it takes besides NCCL);
-    on a GPU nothing is replaced (benchmarks/device_check_vllm.py uses the gloo group with real streams)."""
+    on a GPU nothing is replaced (real streams with the gloo group)."""
     from vllm.distributed.weight_transfer import packed_tensor
 
     if torch.cuda.is_available():
