@@ -66,3 +66,25 @@ def test_a_fault_setting_that_is_not_an_update_number_is_refused(monkeypatch, va
     monkeypatch.setenv(NAN_GRADIENT_ENV, value)
     with pytest.raises(TrainerError, match=NAN_GRADIENT_ENV):
         nan_gradient_update()
+
+
+def test_a_lone_gpu_trainer_rank_joins_a_one_rank_nccl_world_on_its_gpu(monkeypatch):
+    """megatron's model-parallel groups need a process group even for one rank; Ray starts a lone rank with no
+    rendezvous variables, and before, on a GPU, nothing made one ("torch.distributed is not initialised"). STAND-IN:
+    torch's CUDA and process-group calls are recorded, not made (no GPU here); the CPU lane's lone rank is the shim's."""
+    import torch.distributed as dist
+
+    from repro.train.megatron import parallel
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append(
+        (backend, kw["rank"], kw["world_size"], type(kw["store"]).__name__)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # Ray gave the actor GPU 3 and hides the rest
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    parallel.join_world(1)
+    assert calls == [("set_device", 0), ("nccl", 0, 1, "HashStore")]

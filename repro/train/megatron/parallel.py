@@ -45,6 +45,27 @@ def init_distributed_from_env() -> None:
         dist.init_process_group("gloo")
 
 
+def init_single_rank() -> None:
+    """A one-rank NCCL world on this process's GPU: megatron-core's model-parallel groups need a process group even
+    for one trainer rank (on CPU the shim makes a gloo one); Ray starts a lone rank without rendezvous variables."""
+    if dist.is_initialized():
+        return
+    try:
+        torch.cuda.set_device(this_process_device_index())
+    except DeviceError as err:
+        raise TrainerError(f"trainer rank 0: {err}") from err
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def join_world(num_workers: int) -> None:
+    """Join the trainer's torch.distributed world: the rendezvous Ray set up for several ranks, a one-rank NCCL
+    world for a lone rank on a GPU, nothing for a lone CPU rank (``ensure_model_parallel`` installs the CPU shim)."""
+    if num_workers > 1:
+        init_distributed_from_env()
+    elif torch.cuda.is_available():
+        init_single_rank()
+
+
 def ensure_model_parallel(parallel_state_kwargs: dict[str, int]) -> None:
     """Initialise megatron's model-parallel groups with these sizes, or check that the live ones match."""
     import torch.distributed as dist

@@ -54,7 +54,7 @@ from repro.train.precision import COMPUTE_DTYPES, cast_for_training
 from repro.train.megatron.config import ddp_config, megatron_layout, optimizer_config
 from repro.train.megatron.optimizers import trainer_optimizer
 from repro.train.megatron.parallel import (
-    RearmOnBackward, ensure_model_parallel, from_last_stage, init_distributed_from_env, lockstep_over_data_parallel,
+    RearmOnBackward, ensure_model_parallel, from_last_stage, join_world, lockstep_over_data_parallel,
     stage_sender, sum_over_data_parallel, vocab_parallel_entropy, vocab_parallel_logprobs,
 )
 from repro.train.megatron.stream_weights import stage_weights, whole_model_weights
@@ -342,6 +342,5 @@ def build_trainer(recipe: Recipe, model_dir: str | Path) -> MegatronTrainer:
     """The trainer of ``repro.recipes.backends.TRAINERS["megatron"]`` on this rank: joins the torch.distributed
     world the group started it in (several ranks), then builds its model from ``actor.model_provider`` (so
     ``model_dir`` is unused)."""
-    if recipe.actor.num_workers > 1:
-        init_distributed_from_env()
+    join_world(recipe.actor.num_workers)  # a lone GPU rank too: megatron's groups need a process group
     return MegatronTrainer.from_recipe(recipe)
