@@ -11,6 +11,9 @@ optimizer, so these checks build the same MegatronTrainer a rank of AMD's layout
 (``init_distributed_from_env``), on the tiny GPT/MoE built on the host as the tiny provider builds it. The trainer
 moves the model and each micro-batch to the GPU itself; nothing is moved by hand.
 
+0. ``megatron_trainer_step``: a lone rank's trainer (megatron's non-distributed optimizer: no TE needed) on a batch
+   with non-zero advantages: ``actor/grad_norm`` equals the accumulated gradient's norm, an injected NaN gradient
+   skips its update, the next one steps (the launch's untrained model scores no reward, so its advantages are 0).
 1. ``megatron_offloaded_optimizer_step``: one ``train_step``: PASS when the offloaded Adam state lives in host
    memory, ``actor/grad_norm`` is the norm of the gradient the trainer accumulated, and the BF16 weights equal a torch
    AdamW step on fp32 copies of that gradient (clipped by the same norm; no weight decay) to BF16 rounding.
@@ -33,15 +36,16 @@ from typing import Callable
 
 LR = 1e-3
 CLIP = 1.0
+CPU_DRY_RUN = False  # device_check.py --cpu-dry-run: megatron_trainer_step runs on the CPU lane's optimizer too
 
 
-def _unavailable() -> str | None:
+def _unavailable(cpu_ok: bool = False) -> str | None:
     import torch
 
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm device"
-    if importlib.util.find_spec("megatron.core") is None:
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         return "megatron-core is not installed"
+    if not torch.cuda.is_available() and not (cpu_ok and CPU_DRY_RUN):
+        return "no CUDA/ROCm device"
     return None
 
 
@@ -96,6 +100,48 @@ def _refused(err: Exception) -> tuple[str, str] | None:
     if "Transformer Engine" in str(err) and importlib.util.find_spec("transformer_engine") is None:
         return "SKIP", f"the trainer refused, as it must without Transformer Engine: {err}"
     return None
+
+
+def check_trainer_step() -> tuple[str, str]:
+    """A lone rank's trainer (megatron's non-distributed optimizer, no Transformer Engine needed) on a batch with
+    non-zero advantages: ``actor/grad_norm`` is the norm of the gradient it accumulated, a NaN injected into the next
+    update's gradient skips it (weights unchanged), and the update after that steps."""
+    why = _unavailable(cpu_ok=True)
+    if why:
+        return "SKIP", why
+    try:
+        import torch
+
+        from repro.recipes.schema import OptimConfig
+        from repro.train.faults import NAN_GRADIENT_ENV
+        from repro.train.megatron.tiny import build_tiny_gpt_moe
+        from repro.train.megatron.trainer import MegatronTrainer
+
+        if torch.cuda.is_available():
+            _join_world()  # on a CPU the trainer's shim makes its one-rank gloo world
+        trainer = MegatronTrainer(build_tiny_gpt_moe(seed=3), dtype="bf16", temperature=1.0, replay_routing=False,
+                                  optim=OptimConfig(lr=LR, weight_decay=0.0, grad_clip=CLIP, warmup_steps=0))
+        batch = _batch()
+        batch.old_logprobs = trainer.logprobs(batch, replay_routing=False).logprobs
+        want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
+                                                           for g in trainer.gradients(batch).values()])))
+        norm = trainer.train_step(batch)["actor/grad_norm"]
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        os.environ[NAN_GRADIENT_ENV] = str(trainer.updates + 1)
+        try:
+            skipped = trainer.train_step(batch)["actor/grad_norm"]
+        finally:
+            del os.environ[NAN_GRADIENT_ENV]
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+        after = trainer.train_step(batch)["actor/grad_norm"]
+        moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+        detail = (f"{type(trainer.opt).__name__} on {trainer.device}: grad_norm {norm:.6g} vs the "
+                  f"accumulated gradient's {want:.6g}; NaN update: norm {skipped}, weights unchanged {unchanged}; "
+                  f"next update: norm {after:.6g}, weights moved {moved}")
+        ok = 0 < norm and abs(norm - want) <= 1e-3 * want and skipped != skipped and unchanged and moved
+        return ("PASS" if ok else "FAIL"), detail
+    except Exception:
+        return "FAIL", traceback.format_exc(limit=6)
 
 
 def check_offloaded_optimizer_step() -> tuple[str, str]:
@@ -215,6 +261,7 @@ def _diff(a, b, path: str = "") -> list[str]:
 
 
 CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
+    ("megatron_trainer_step", check_trainer_step),
     ("megatron_offloaded_optimizer_step", check_offloaded_optimizer_step),
     ("megatron_dist_checkpoint", check_dist_checkpoint),
 ]

@@ -21,15 +21,15 @@ def test_on_this_cpu_every_check_passes_or_skips_and_the_report_goes_to_out(tmp_
     monkeypatch.setenv("OUT", str(tmp_path))
     assert device_check.main([]) == 0
     report = json.loads((tmp_path / "device_check.json").read_text())
-    assert list(report) == ["repro_check", "launch", "resume", "vllm_engine_sync",
+    assert list(report) == ["repro_check", "launch", "resume", "vllm_engine_sync", "megatron_trainer_step",
                             "megatron_offloaded_optimizer_step", "megatron_dist_checkpoint"]
     assert {r["status"] for r in report.values()} <= {"PASS", "SKIP"}
     assert report["repro_check"]["status"] == "PASS"  # informational: `repro check` ran and wrote its rows
     # the launches need vLLM and megatron-core (absent from the main venv), then a GPU (or --cpu-dry-run)
     for name in ("launch", "resume", "vllm_engine_sync"):
         assert report[name]["status"] == "SKIP" and report[name]["detail"].startswith("not installed here: vllm")
-    for name in ("megatron_offloaded_optimizer_step", "megatron_dist_checkpoint"):
-        assert report[name]["detail"] == "no CUDA/ROCm device"
+    for name in ("megatron_trainer_step", "megatron_offloaded_optimizer_step", "megatron_dist_checkpoint"):
+        assert report[name]["detail"] == "megatron-core is not installed"
     table = capsys.readouterr().out
     assert re.search(r"^check +status +seconds +detail$", table, re.M)
     assert re.search(r"^launch +SKIP +[0-9.]+  not installed here: vllm, megatron.core$", table, re.M)
