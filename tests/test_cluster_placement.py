@@ -69,7 +69,7 @@ ONE_GPU = ["cluster.accelerator=cuda", "cluster.gpus_per_node=1", "cluster.coloc
 
 
 def test_a_one_gpu_box_shares_its_gpu_half_and_half_and_syncs_over_gloo():
-    from repro.groups.workers import sync_backend
+    from repro.sync.bucket_wire import sync_backend
     from repro.rollout.vllm_args import uses_vllm_transfer
 
     recipe = load_recipe(TINY, ONE_GPU)

@@ -15,7 +15,7 @@ import torch
 
 from repro.sync.errors import SyncError
 from repro.sync.group import SyncAddress, SyncGroup, free_address, receive_all
-from repro.sync.handoff import SenderEnd
+from repro.sync.bucket_wire import BucketWire
 from repro.sync.stream import pack_buckets, verified_stream
 
 sys.path.insert(0, str(Path(__file__).parent / "standins"))
@@ -30,10 +30,14 @@ def _address(backend: str) -> SyncAddress:
     return SyncAddress(host, port, sender=0, receivers=1, backend=backend, timeout_s=30.0)
 
 
+def _wire(address: SyncAddress) -> BucketWire:
+    return BucketWire(bucket_bytes=512, receivers=1, backend=address.backend, timeout_s=address.timeout_s)
+
+
 def test_a_gpu_trainers_weights_cross_an_nccl_group_on_the_device_and_arrive_bit_for_bit():
     """The trainer's tensors are on its GPU; the sender's group, headers and buckets are all device tensors, as
     ProcessGroupNCCL demands, and the receiver gets device buffers whose checksums and bytes match. Before the
-    groups took their device from the transport, SenderEnd built its NCCL group on the host and its first header
+    groups took their device from the transport, the sender built its NCCL group on the host and its first header
     was refused ("Tensors must be CUDA and dense")."""
     address, got, errors = _address("nccl"), [], []
 
@@ -51,7 +55,7 @@ def test_a_gpu_trainers_weights_cross_an_nccl_group_on_the_device_and_arrive_bit
         assert all(is_on_device(t) for _, t in on_gpu)
         receiver = threading.Thread(target=receive)
         receiver.start()
-        sent = SenderEnd(bucket_bytes=512).send(iter(on_gpu), address, version=7, sender=0)
+        sent = _wire(address).send(iter(on_gpu), address, version=7, sender=0)
         receiver.join(60)
     assert not errors, errors
     assert [name for name, _, _ in got] == [name for name, _ in WEIGHTS]
@@ -99,10 +103,10 @@ def test_an_nccl_group_lives_on_the_current_gpu():
 def test_the_device_is_settled_before_the_first_weight_is_read(monkeypatch):
     """vLLM's packed producer reads the weights on streams of its own and megatron's offloaded optimizer writes
     them back on another: the sender waits for the device before it pulls the first tensor."""
-    import repro.sync.handoff as handoff
+    import repro.sync.bucket_wire as bucket_wire
 
     events = []
-    monkeypatch.setattr(handoff, "settle", lambda: events.append("settle"))
+    monkeypatch.setattr(bucket_wire, "settle", lambda: events.append("settle"))
 
     def weights():
         events.append("first weight read")
@@ -111,14 +115,14 @@ def test_the_device_is_settled_before_the_first_weight_is_read(monkeypatch):
     address = _address("gloo")
     receiver = threading.Thread(target=lambda: list(receive_all([SyncGroup(address, 1)], 1)))
     receiver.start()
-    SenderEnd(bucket_bytes=512).send(weights(), address, version=1, sender=0)
+    _wire(address).send(weights(), address, version=1, sender=0)
     receiver.join(30)
     assert events == ["settle", "first weight read"]
 
 
 def test_a_failed_send_drops_the_senders_group_so_the_next_sync_forms_a_new_one():
     address = _address("gloo")
-    end = SenderEnd(bucket_bytes=512)
+    end = _wire(address)
 
     def broken():
         yield WEIGHTS[0]
@@ -128,5 +132,5 @@ def test_a_failed_send_drops_the_senders_group_so_the_next_sync_forms_a_new_one(
     receiver.start()
     with pytest.raises(RuntimeError, match="half-way"):
         end.send(broken(), address, version=1, sender=0)
-    assert end.group is None and end.transfer is None
+    assert end.group is None
     receiver.join(60)

@@ -8,7 +8,7 @@ import torch
 from repro.groups.workers import RolloutWorker, TrainerWorker
 from repro.recipes import load_recipe
 from repro.run.run_dir import check_inputs
-from repro.sync.handoff import SenderGroups
+from repro.sync.handoff import Senders
 
 
 def test_trainer_and_rollout_workers_sync_over_their_group_bit_for_bit(tmp_path):
@@ -24,7 +24,7 @@ def test_trainer_and_rollout_workers_sync_over_their_group_bit_for_bit(tmp_path)
     sent = {}
     sender = threading.Thread(target=lambda: sent.setdefault("bytes", trainer.broadcast_weights(3, address)))
     sender.start()
-    stats = rollout.receive_weights(SenderGroups((address,)), version=3)
+    stats = rollout.receive_weights(Senders((address,)), version=3)
     sender.join(120)
     assert rollout.weight_version() == 3 and stats.buckets > 1 and sent["bytes"] >= stats.nbytes
     reference = RolloutWorker(recipe, model_dir).engine
@@ -34,6 +34,6 @@ def test_trainer_and_rollout_workers_sync_over_their_group_bit_for_bit(tmp_path)
     # the group stays up for the next sync; in one process the same buckets pass as an iterator
     thread = threading.Thread(target=lambda: trainer.broadcast_weights(4, address))
     thread.start()
-    assert rollout.receive_weights(SenderGroups((address,)), version=4).version == 4
+    assert rollout.receive_weights(Senders((address,)), version=4).version == 4
     thread.join(120)
     assert rollout.receive_weights(trainer.send_weights(5), version=5).buckets == stats.buckets

@@ -90,11 +90,16 @@ def test_the_embedded_trainers_export_order_is_the_update_info_it_announces(tmp_
     from repro.model.served import served_from_folder
     from repro.run.run_dir import check_inputs
 
+    from repro.rollout.vllm_transfer import TransferWire
+    from repro.sync.bucket_wire import BucketWire
+    from repro.sync.handoff import Senders
+
     recipe = load_recipe("tiny-cpu")
     model_dir = check_inputs(recipe, tmp_path / "run", False)
     trainer = TrainerWorker(recipe, model_dir)
-    assert trainer.vllm_transfer is False  # the CPU recipe keeps repro's stream
-    trainer.vllm_transfer = True  # what uses_vllm_transfer answers for a GPU recipe with one sender
+    assert isinstance(trainer.wire, BucketWire)  # the CPU recipe keeps repro's stream
+    # what vllm_wire makes for a GPU recipe with one sender, on this trainer's model folder
+    trainer.wire = TransferWire(1, recipe.weight_sync.bucket_mb << 20, str(model_dir))
     address = trainer.sync_address()
     served = served_from_folder(model_dir)
     assert isinstance(address, TransferAddress) and address.names == tuple(served.synced)
@@ -103,10 +108,27 @@ def test_the_embedded_trainers_export_order_is_the_update_info_it_announces(tmp_
     assert [n for n, _ in sent] == list(address.names)
     assert sum(t.numel() * t.element_size() for _, t in sent) == address.nbytes
 
-    class Recorder:  # the rollout worker's dispatch only: a TransferAddress goes to the engine's receive_transfer
+    class Recorder:  # the rollout worker's dispatch only: vLLM's wire hands its address to receive_transfer
         def receive_transfer(self, got, version):
             return got, version
 
     rollout = RolloutWorker.__new__(RolloutWorker)
-    rollout.engine, rollout.joined = Recorder(), None
-    assert rollout.receive_weights(address, 4) == (address, 4)
+    rollout.engine, rollout.wire = Recorder(), TransferWire(1, 1, str(model_dir))
+    assert rollout.receive_weights(Senders((address,)), 4) == (address, 4)
+
+
+def test_each_rollout_engine_brings_its_wire_and_the_trainer_makes_the_same_one():
+    """The wire is the rollout engine's (repro.recipes.backends.ROLLOUTS[...].wire), made from the recipe alone, so
+    a sending trainer rank makes the one the rollout receives by: vLLM's own engine for one sender on GPUs, repro's
+    bucket stream otherwise (PP4's four senders, the CPU lane, any engine without a transfer of its own)."""
+    from repro.groups.workers import wire_of
+    from repro.rollout.vllm_transfer import TransferWire
+    from repro.sync.bucket_wire import BucketWire
+
+    one = wire_of(load_recipe("amd-dsv4-flash-mi308x", PP1), "/m")
+    assert isinstance(one, TransferWire) and (one.receivers, one.bucket_bytes) == (8, 2048 * 1024 * 1024)
+    pp4 = wire_of(load_recipe("amd-dsv4-flash-mi308x"), "/m")
+    assert isinstance(pp4, BucketWire) and (pp4.receivers, pp4.backend) == (8, "nccl")
+    embedded = wire_of(load_recipe("amd-dsv4-flash-mi308x", PP1 + ["rollout.backend=embedded"]), "/m")
+    assert isinstance(embedded, BucketWire) and embedded.receivers == 1
+    assert isinstance(wire_of(load_recipe("tiny-cpu", ["rollout.backend=vllm"]), "/m"), BucketWire)

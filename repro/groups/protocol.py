@@ -7,8 +7,8 @@ actors that hold those same workers, one per trainer rank and one per rollout re
 
 Weight sync is two calls (``repro.sync``): ``trainer.send_weights(version)`` starts the trainer's side and returns
 what it sends (``repro.sync.handoff``: the lazy bucket stream, ``LocalStream``, in this process; on Ray a
-``RemoteSend``: the senders' own collective groups or vLLM's transfer group, and the calls under way);
-``rollout.receive_weights(sent, version)`` checks and applies the buckets one by one as they arrive. No rollout
+``RemoteSend``: where each sending rank's end of the rollout engine's wire meets, and the calls under way);
+``rollout.receive_weights(sent, version)`` takes the sync through that wire and applies it as it arrives. No rollout
 generates from a half-applied update: the engine refuses to generate from the first bucket until the last is
 applied, and after a failed sync until a complete one succeeds.
 """

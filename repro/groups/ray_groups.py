@@ -19,7 +19,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Hashable
 
 from repro.cluster.placement import ROLLOUT, TRAINER, Placement
 from repro.errors import ReproError
@@ -29,9 +29,7 @@ from repro.recipes.backends import trainer_of
 from repro.recipes.schema import Recipe
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.sync.apply import SyncStats
-from repro.rollout.vllm_transfer import TransferAddress
-from repro.sync.group import SyncAddress
-from repro.sync.handoff import RemoteSend, remote_source
+from repro.sync.handoff import RemoteSend, Senders
 from repro.train.base import LogprobResult
 from repro.train.batch import TrainBatch
 from repro.train.threads import worker_thread_env
@@ -43,7 +41,7 @@ class RayTrainerGroup:
 
     ranks: list[Any]  # actor handles of TrainerWorker, rank order
     timeout_s: float | None = None
-    sync_addresses: list[SyncAddress | TransferAddress | None] | None = None  # per rank, asked on the first sync
+    sync_addresses: list[Hashable | None] | None = None  # per rank, on the rollout's wire; asked on the first sync
 
     @property
     def names(self) -> list[str]:
@@ -85,7 +83,7 @@ class RayTrainerGroup:
             self.sync_addresses = wait_all([r.sync_address.remote() for r in self.ranks], self.names, "sync_address",
                                            self.timeout_s)
         refs = [r.broadcast_weights.remote(version, address) for r, address in zip(self.ranks, self.sync_addresses)]
-        return RemoteSend(remote_source([a for a in self.sync_addresses if a is not None]), refs, self.names,
+        return RemoteSend(Senders(tuple(a for a in self.sync_addresses if a is not None)), refs, self.names,
                           failed=self.forget_sync_addresses)
 
     def forget_sync_addresses(self) -> None:

@@ -60,8 +60,8 @@ class RolloutCapabilities:
 
     builder: str                  # "module:function" (recipe, model_dir) -> the engine
     receivers_per_tensor_rank: bool  # every tensor-parallel worker receives the sync (else the one engine)
-    workers_join_groups: bool     # its workers join the senders' sync groups themselves (``receive_from_groups``)
-    transfer_engine: bool         # can sync through the serving library's own weight-transfer engine
+    wire: str                     # "module:function" (recipe, model_dir) -> its weight wire (repro.sync.handoff.Wire)
+    workers_join_groups: bool     # its workers join repro's bucket-stream groups themselves (``receive_from_groups``)
     checkpoint_names: bool        # reloads checkpoint-format tensors (a trainer exports those names to it)
     library: Library | None
 
@@ -90,10 +90,11 @@ TRAINERS: dict[str, TrainerCapabilities] = {
 
 ROLLOUTS: dict[str, RolloutCapabilities] = {
     "embedded": RolloutCapabilities("repro.rollout.embedded:build_engine", receivers_per_tensor_rank=False,
-                                    workers_join_groups=False, transfer_engine=False, checkpoint_names=False,
-                                    library=None),
+                                    wire="repro.sync.bucket_wire:bucket_wire", workers_join_groups=False,
+                                    checkpoint_names=False, library=None),
     "vllm": RolloutCapabilities("repro.rollout.vllm_engine:build_engine", receivers_per_tensor_rank=True,
-                                workers_join_groups=True, transfer_engine=True, checkpoint_names=True, library=VLLM),
+                                wire="repro.rollout.vllm_transfer:vllm_wire", workers_join_groups=True,
+                                checkpoint_names=True, library=VLLM),
 }
 
 

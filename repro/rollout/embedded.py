@@ -42,10 +42,8 @@ from repro.rollout.fp8_view import weight_view_for
 from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.shared_kv_attention import use_shared_kv_attention
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
-from repro.rollout.vllm_transfer import TransferAddress
-from repro.sync.apply import SyncGate, SyncStats
+from repro.sync.apply import SyncGate
 from repro.sync.errors import BucketError
-from repro.sync.group import SyncAddress
 
 # which log-prob of a sampled token the engine reports (recipe rollout.logprobs_mode; vLLM's raw/processed_logprobs)
 LogprobsMode = Literal["raw", "processed"]
@@ -170,16 +168,6 @@ class EmbeddedEngine:
         self._staged, self._arrived = {}, set()
         self.weight_version = version
         self.gate.finish()
-
-    def receive_from_groups(self, addresses: list[SyncAddress], version: int) -> SyncStats:
-        """Not this engine's path (``capabilities.workers_join_groups`` is false): ``repro.sync.handoff.receive``
-        joins the groups in this process and applies the buckets through ``apply_bucket``."""
-        raise RolloutError(f"weight sync v{version}: the embedded engine has no workers of its own to join "
-                           f"{len(addresses)} sync group(s); receive through repro.sync.handoff.receive")
-
-    def receive_transfer(self, address: TransferAddress, version: int) -> SyncStats:
-        raise RolloutError(f"weight sync v{version}: vLLM's weight-transfer engine (group at {address.host}:"
-                           f"{address.port}) serves vLLM only; the embedded engine receives repro's own stream")
 
     def _swap(self, state: dict[str, torch.Tensor], version: int) -> None:
         expected = self.model.state_dict()

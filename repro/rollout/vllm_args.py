@@ -19,7 +19,7 @@ from typing import Any
 from repro.errors import ReproError
 from repro.fp8.inputs import expert_dtype, is_deepseek_v4
 from repro.fp8.stream import FP4_ON_GFX942
-from repro.recipes.backends import rollout_of, sync_senders
+from repro.recipes.backends import sync_senders
 from repro.recipes.schema import Recipe
 from repro.rollout.types import SamplingParams
 
@@ -38,11 +38,11 @@ class VLLMConfigError(ReproError):
 
 
 def uses_vllm_transfer(recipe: Recipe) -> bool:
-    """Whether vLLM's own weight-transfer engine carries the sync: asked for (``weight_sync.vllm_engine``), the
-    rollout backend has one (``repro.recipes.backends``: vLLM), it runs on GPUs, and one trainer rank sends
-    (vLLM's engine has one source; one stream per pipeline stage stays on repro's own groups). The only place
+    """Whether a vLLM rollout's sync goes through vLLM's own weight-transfer engine (``vllm_wire`` in
+    ``repro.rollout.vllm_transfer``): asked for (``weight_sync.vllm_engine``), on GPUs, and one trainer rank sends
+    (vLLM's engine has one source; one stream per pipeline stage stays on repro's bucket stream). The only place
     the choice is made."""
-    return (recipe.weight_sync.vllm_engine and rollout_of(recipe).transfer_engine
+    return (recipe.weight_sync.vllm_engine
             and recipe.cluster.accelerator != "cpu" and recipe.cluster.gpus_per_node > 0 and sync_senders(recipe) == 1
             and recipe.cluster.colocate != "gpu")  # vLLM's engine is NCCL, which cannot pair two ranks on one GPU
 

@@ -29,14 +29,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 
-from repro.devices import current_accelerator
-from repro.model.served import ServedWeights
+from repro.devices import current_accelerator, settle
+from repro.model.served import ServedWeights, served_from_folder
+from repro.sync.apply import SyncStats
 from repro.sync.errors import SyncError
+from repro.sync.group import free_address
 from repro.sync.stream import WIRE_DTYPES
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from repro.recipes.schema import Recipe
+    from repro.rollout.vllm_engine import VLLMEngine
+    from repro.sync.bucket_wire import BucketWire
 
 NUM_BUFFERS = 2  # vLLM's default double buffering: one buffer packs while the other is on the wire
 
@@ -197,6 +206,51 @@ class TransferSender:
                 group=self.group, src=0, post_iter_func=to_device, packed=True,
                 packed_buffer_size_bytes=self.address.bucket_bytes, packed_num_buffers=self.address.num_buffers))
         return self.address.nbytes
+
+
+class TransferWire:
+    """vLLM's own wire (``repro.sync.handoff.Wire``): one sending rank, vLLM's NCCL group, its packed broadcast.
+    The address carries the update info (the served checkpoint's synced tensors), so both sides cut the buffers alike."""
+
+    def __init__(self, receivers: int, bucket_bytes: int, model_dir: str):
+        self.receivers, self.bucket_bytes, self.model_dir = receivers, bucket_bytes, model_dir
+        self.sender: TransferSender | None = None
+
+    def address(self, sender: int, host: str) -> TransferAddress:
+        if sender != 0:
+            raise SyncError(f"vLLM's weight-transfer engine has one sender; sending rank {sender} asked to join")
+        host, port = free_address(host)
+        return transfer_address(host, port, self.receivers, self.bucket_bytes, served_from_folder(self.model_dir))
+
+    def send(self, named: Iterable[tuple[str, torch.Tensor]], address: TransferAddress, version: int,
+             sender: int) -> int:
+        """The packed broadcast, after the device settles (vLLM packs on streams of its own that never wait on the
+        default one; verl synchronises before broadcasting too); a failed send drops the group."""
+        settle()
+        try:
+            if self.sender is None or self.sender.address != address:
+                self.sender = TransferSender(address)
+            return self.sender.send(named, version)
+        except BaseException:
+            self.sender = None
+            raise
+
+    def receive(self, engine: "VLLMEngine", addresses: tuple[TransferAddress, ...], version: int) -> SyncStats:
+        if len(addresses) != 1:
+            raise SyncError(f"weight sync v{version} through vLLM's engine: {len(addresses)} senders, it takes one")
+        return engine.receive_transfer(addresses[0], version)
+
+
+def vllm_wire(recipe: "Recipe", model_dir: "str | Path") -> "TransferWire | BucketWire":
+    """vLLM's wire where ``uses_vllm_transfer`` (one sender, GPUs, asked for), else repro's bucket stream, whose
+    groups vLLM's workers join themselves."""
+    from repro.recipes.backends import sync_receivers
+    from repro.rollout.vllm_args import uses_vllm_transfer
+    from repro.sync.bucket_wire import bucket_wire
+
+    if uses_vllm_transfer(recipe):
+        return TransferWire(sync_receivers(recipe), recipe.weight_sync.bucket_mb * 1024 * 1024, str(model_dir))
+    return bucket_wire(recipe, model_dir)
 
 
 def _mover(device: torch.device | None) -> Callable[[tuple[str, torch.Tensor]], torch.Tensor]:
