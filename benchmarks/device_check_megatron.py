@@ -95,11 +95,21 @@ def _batch():
     return build_batch(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), PAD_TOKEN_ID, with_routing=False)
 
 
-def _refused(err: Exception) -> tuple[str, str] | None:
-    """The trainer's refusal without Transformer Engine is the expected answer there: a SKIP that quotes it."""
-    if "Transformer Engine" in str(err) and importlib.util.find_spec("transformer_engine") is None:
-        return "SKIP", f"the trainer refused, as it must without Transformer Engine: {err}"
-    return None
+class _Refused(Exception):
+    """The trainer refused AMD's optimizer mapping without Transformer Engine, as it must: the checks SKIP, quoting."""
+
+
+def _amd_trainer_with_batch(seed: int):
+    """(AMD-mapped trainer, a host batch with its pi_old); ``_Refused`` where TE is missing and the trainer said so."""
+    try:
+        trainer = _trainer(seed)
+    except Exception as err:
+        if "Transformer Engine" in str(err) and importlib.util.find_spec("transformer_engine") is None:
+            raise _Refused(f"the trainer refused, as it must without Transformer Engine: {err}") from err
+        raise
+    batch = _batch()
+    batch.old_logprobs = trainer.logprobs(batch, replay_routing=False).logprobs
+    return trainer, batch
 
 
 def check_trainer_step() -> tuple[str, str]:
@@ -140,6 +150,8 @@ def check_trainer_step() -> tuple[str, str]:
                   f"next update: norm {after:.6g}, weights moved {moved}")
         ok = 0 < norm and abs(norm - want) <= 1e-3 * want and skipped != skipped and unchanged and moved
         return ("PASS" if ok else "FAIL"), detail
+    except _Refused as refused:
+        return "SKIP", str(refused)
     except Exception:
         return "FAIL", traceback.format_exc(limit=6)
 
@@ -151,15 +163,7 @@ def check_offloaded_optimizer_step() -> tuple[str, str]:
     try:
         import torch
 
-        try:
-            trainer = _trainer(seed=3)
-        except Exception as err:
-            refused = _refused(err)
-            if refused:
-                return refused
-            raise
-        batch = _batch()
-        batch.old_logprobs = trainer.logprobs(batch, replay_routing=False).logprobs
+        trainer, batch = _amd_trainer_with_batch(seed=3)
         grads = trainer.gradients(batch)  # the accumulated gradient the update will see (this rank holds it all)
         masters = {n: torch.nn.Parameter(p.detach().float().clone()) for n, p in trainer.model.named_parameters()}
         metrics = trainer.train_step(batch)
@@ -183,6 +187,8 @@ def check_offloaded_optimizer_step() -> tuple[str, str]:
                   f"Adam state on {offloaded}")
         ok = offloaded == ["cpu"] and abs(norm - want_norm) <= 1e-3 * want_norm and worst <= ulp
         return ("PASS" if ok else "FAIL"), detail
+    except _Refused as refused:
+        return "SKIP", str(refused)
     except Exception:
         return "FAIL", traceback.format_exc(limit=6)
 
@@ -212,15 +218,7 @@ def check_dist_checkpoint() -> tuple[str, str]:
 
         from repro.train.megatron.dist_state import rng_states
 
-        try:
-            saved = _trainer(seed=3)
-        except Exception as err:
-            refused = _refused(err)
-            if refused:
-                return refused
-            raise
-        batch = _batch()
-        batch.old_logprobs = saved.logprobs(batch, replay_routing=False).logprobs
+        saved, batch = _amd_trainer_with_batch(seed=3)
         saved.train_step(batch)
         rng = {k: v.clone() for k, v in rng_states().items()}
         with tempfile.TemporaryDirectory() as tmp:
@@ -238,6 +236,8 @@ def check_dist_checkpoint() -> tuple[str, str]:
                   f"RNG {sorted(rng)}; mismatched: weights {bad[:3]}, optimizer {bad_opt[:3]}, rng {bad_rng}")
         ok = not bad and not bad_rng and not bad_opt and loaded.step == 1
         return ("PASS" if ok else "FAIL"), detail
+    except _Refused as refused:
+        return "SKIP", str(refused)
     except Exception:
         return "FAIL", traceback.format_exc(limit=6)
 
