@@ -11,7 +11,7 @@ from __future__ import annotations
 from repro.analysis import formats, summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, THROUGHPUT, RunFrames
 from repro.metric_keys import POSITION_KEYS, timing_key
-from repro.recipes.backends import engine_of
+from repro.recipes.backends import engine_of, engine_reading
 from repro.reference import amd_reference, amd_value
 
 AMD_STEPS = int(amd_value("steps"))
@@ -75,7 +75,8 @@ def rollout_logprobs(frames: RunFrames) -> str | None:
     """Which log-prob of each sampled token the source's rollout returned: "raw" (log_softmax(logits), T = 1: vLLM's
     default raw_logprobs, which AMD's run used -- LumenRL sets no logprobs_mode), "processed" (log_softmax(logits / T),
     the distribution sampled from), or None when the source does not say (an export of someone's run)."""
-    if frames.kind == "lumenrl" or (frames.recipe is not None and engine_of(frames.recipe).rollout_logprobs == "raw"):
+    engine = engine_of(frames.recipe) if frames.recipe is not None else engine_reading(frames.kind)
+    if engine is not None and engine.rollout_logprobs == "raw":
         return "raw"
     if frames.recipe is not None:
         # a run dir written before the field existed reads as "processed", what repro's engines then returned
@@ -181,10 +182,21 @@ def restart_notes(frames: RunFrames) -> list[str]:
             "(the time lost to the restarts is in none of them)."]
 
 
+def engine_notes(frames: RunFrames) -> list[str]:
+    """The sentences the engine that ran this source adds (its seam's ``caveats``; none for a source without a
+    recipe, whose engine is not known)."""
+    if frames.recipe is None:
+        return []
+    from repro.engine_seam import seam_of  # the engine's own modules, only for a run that one of them ran
+
+    caveats = seam_of(frames.recipe).caveats
+    return caveats(frames) if caveats is not None else []
+
+
 def source_notes(frames: RunFrames) -> list[str]:
     """Every sentence on where this source differs from what AMD measured, importer notes last."""
     notes = (length_notes(frames) + restart_notes(frames) + eval_notes(frames) + throughput_notes(frames)
-             + kl_notes(frames) + position_notes(frames) + timing_notes(frames)
+             + kl_notes(frames) + position_notes(frames) + timing_notes(frames) + engine_notes(frames)
              + [n if n.endswith(".") else n + "." for n in frames.notes])
     if ACCURACY not in frames.train.columns:
         notes.insert(0, f"No reward accuracy (`{ACCURACY}`, nor a DAPO score to derive it from).")

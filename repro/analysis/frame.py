@@ -16,7 +16,6 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from repro.analysis.lumenrl_origins import streamed_about
 from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWarning: re-exported)
 # The canonical names the analysis reads; anything else in a log is kept as it is.
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
@@ -179,8 +178,11 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     path = run_dir / METRICS_FILE
     recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
-    if engine_of(recipe).streams_log:  # rows streamed from LumenRL's log: its key origins and step-time convention
-        about = streamed_about(run_dir)
+    if engine_of(recipe).streams_log:  # rows streamed from the engine's own log: key origins, step-time convention
+        from repro.engine_seam import seam_of  # that engine's modules, only for a run it ran
+
+        about_run_dir = seam_of(recipe).about_run_dir
+        about = about_run_dir(run_dir) if about_run_dir is not None else {}
     frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
     frames.notes.extend(earlier_notes(filled))
     return frames

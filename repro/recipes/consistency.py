@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from repro.recipes.backends import engine_of, trainer_of
+from repro.recipes.backends import engine_problems, trainer_of
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -152,12 +152,6 @@ def algorithm_problems(recipe: "Recipe") -> list[str]:
     if recipe.routing_replay.enabled and recipe.model.num_experts_per_tok < 1:
         problems.append("routing_replay.enabled: needs an MoE model")
     return problems
-
-
-def engine_problems(recipe: "Recipe") -> list[str]:
-    """What the chosen engine cannot run: LumenRL takes only what its config can express."""
-    problems = engine_of(recipe).problems
-    return problems(recipe) if problems is not None else []
 
 
 def check_consistency(recipe: "Recipe") -> None:
