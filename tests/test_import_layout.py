@@ -118,11 +118,11 @@ def test_engines_are_one_table_row_each_and_import_nothing_of_each_other():
     from repro.recipes.backends import ENGINES
 
     graph = import_graph()
-    packages = {"repro": "repro.run", "lumenrl": "repro.lumenrl"}
+    packages = {"repro": "repro.run", "lumenrl": "repro.lumenrl", "verl": "repro.verl"}
     assert set(ENGINES) == set(packages)
     for name, package in packages.items():
         assert ENGINES[name].seam.startswith(package + ".") and isinstance(load_seam(name), EngineSeam)
-    engines_own = ("repro.lumenrl",)
+    engines_own = ("repro.lumenrl", "repro.verl")
     outside = [m for m in graph if not m.startswith(engines_own)]
     assert {m: sorted(t for t in graph[m] if t.startswith(engines_own)) for m in outside
             if any(t.startswith(engines_own) for t in graph[m])} == {}

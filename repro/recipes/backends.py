@@ -104,6 +104,8 @@ ENGINES: dict[str, EngineCapabilities] = {
     "lumenrl": EngineCapabilities("repro.lumenrl.seam:SEAM", own_loop=False, streams_log=True,
                                   rollout_logprobs="raw", streamed_optimizer=True,
                                   problems="repro.recipes.lumenrl_checks:lumenrl_problems", source_kind="lumenrl"),
+    "verl": EngineCapabilities("repro.verl.seam:SEAM", own_loop=False, streams_log=True, rollout_logprobs=None,
+                               streamed_optimizer=False, problems="repro.verl.checks:verl_problems"),
 }
 
 
