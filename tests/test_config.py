@@ -11,7 +11,8 @@ from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, re
 
 def test_every_committed_recipe_loads():
     names = list_recipes()
-    assert names == ["amd-dsv4-flash-mi308x", "tiny-cpu", "tiny-cpu-long"]
+    assert names == ["amd-dsv4-flash-mi308x", "h100-8x8-dsv4-flash-verl", "moonlight-16b-1x8-verl", "tiny-cpu",
+                     "tiny-cpu-long"]
     for name in names:
         assert load_recipe(name).name == name
 

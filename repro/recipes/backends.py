@@ -76,6 +76,7 @@ class EngineCapabilities:
     streamed_optimizer: bool      # its trainer streams the optimizer state (LumenRL's DSV4 optimizer)
     problems: str | None          # "module:function" (recipe) -> what of a recipe it cannot run, field by field
     source_kind: str | None = None  # the run-source kind (repro.analysis.sources) its own log files read as
+    colocates: bool = False       # runs the rollout on the trainer's GPUs itself: the recipe's node accounting is moot
 
 
 TRAINERS: dict[str, TrainerCapabilities] = {
@@ -105,7 +106,7 @@ ENGINES: dict[str, EngineCapabilities] = {
                                   rollout_logprobs="raw", streamed_optimizer=True,
                                   problems="repro.recipes.lumenrl_checks:lumenrl_problems", source_kind="lumenrl"),
     "verl": EngineCapabilities("repro.verl.seam:SEAM", own_loop=False, streams_log=True, rollout_logprobs=None,
-                               streamed_optimizer=False, problems="repro.verl.checks:verl_problems"),
+                               streamed_optimizer=False, problems="repro.verl.checks:verl_problems", colocates=True),
 }
 
 

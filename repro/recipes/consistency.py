@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from repro.recipes.backends import engine_problems, trainer_of
+from repro.recipes.backends import engine_of, engine_problems, trainer_of
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -96,6 +96,8 @@ def resource_problems(recipe: "Recipe") -> list[str]:
             problems.append(f"cluster.accelerator: {cluster.accelerator!r} with gpus_per_node=0; use 'cpu'")
         if cluster.colocate != "none":
             problems.append(f"cluster.colocate: {cluster.colocate!r} places GPU workers; CPU mode has none")
+        return problems
+    if engine_of(recipe).colocates:  # the engine places both on the same GPUs; its own checks say what fits
         return problems
     if cluster.colocate != "none":
         return problems + colocated_problems(recipe)

@@ -169,9 +169,6 @@ def departures(recipe: "Recipe") -> list[str]:
     if r.weight_sync.transport == "rdma":
         notes.append("weight_sync.transport=rdma: colocated verl hands weights to vLLM on the same GPUs "
                      "(checkpoint_engine naive); there is no RDMA hop to measure")
-    if r.cluster.colocate != "gpu":
-        notes.append(f"cluster.colocate={r.cluster.colocate}: verl's sync trainer shares every GPU between trainer "
-                     "and rollout, its state moved to the host while vLLM generates")
     if r.checkpoint.max_restarts:
         notes.append("checkpoint.max_restarts: does not apply (verl stops when a worker dies; rerun with --resume)")
     return notes
