@@ -160,8 +160,8 @@ def timing_notes(frames: RunFrames) -> list[str]:
     if origin == "timing/step_s":
         notes.append("Step time is LumenRL's `timing/step_s`, which stops before weight sync and validation.")
     elif frames.step_time_includes_eval:
-        notes.append("`timing_s/step` includes the evaluation time of steps that evaluated (verl/LumenRL time it "
-                     "inside the step); time-to-train does not add it again.")
+        notes.append("`timing_s/step` includes the evaluation time of steps that evaluated (LumenRL's DeepSeek-V4 "
+                     "trainer times it inside the step; verl 0.9.1 does not); time-to-train does not add it again.")
     if frames.origin(timing_key("sync")) == "timing/weight_sync_s":
         notes.append("`timing_s/sync` comes from LumenRL's `timing/weight_sync_s`, logged only for syncs above 1 s.")
     return notes

@@ -159,7 +159,7 @@ class RolloutCorrectionConfig(Section):
     mode: Literal["token", "sequence", "token_mask", "sequence_mask", "none"] = Field("token", description="Importance weighting between rollout and trainer (verl/LumenRL rollout_is).")
     threshold: float = Field(2.0, ge=1, description="Upper cap C of w = min(exp(logp_old - logp_rollout), C).")
     lower_threshold: float | None = Field(None, gt=0, le=1, description="Lower bound for the *_mask modes (IcePop); null: 1/threshold.")
-    verl_metrics: bool = Field(False, description="Also log the IS statistics as verl defines them (weights clamped to [1/C, C] for the ESS and std, mean/max/min of the untruncated weights) under rollout_corr_verl/; the rollout_corr/ keys always follow LumenRL, AMD's definitions (weights clamped to [0, C], statistics of the truncated weights).")
+    verl_metrics: bool = Field(False, description="Also log the IS statistics as verl defined them before its PR #5722 (verl 0.9.1's rollout_corr/* follow LumenRL's) (weights clamped to [1/C, C] for the ESS and std, mean/max/min of the untruncated weights) under rollout_corr_verl/; the rollout_corr/ keys always follow LumenRL, AMD's definitions (weights clamped to [0, C], statistics of the truncated weights).")
 
 
 class RoutingReplayConfig(Section):
@@ -170,7 +170,7 @@ class RoutingReplayConfig(Section):
 class RewardConfig(Section):
     kind: Literal["dapo_math"] = Field("dapo_math", description="Reward rule (verl math_dapo: 'Answer:' line, +1/-1).")
     verifier: Literal["dapo", "math_verify"] = Field("dapo", description="Answer checker; math_verify is stricter and optional.")
-    boxed_fallback: bool = Field(True, description="A response with no 'Answer:' line is scored on its last \\boxed{...}, as LumenRL's reward does since 2232f55 (AMD's run); false: verl's math_dapo rule, which scores it -1.")
+    boxed_fallback: bool = Field(True, description="A response with no 'Answer:' line is scored on its last \\boxed{...}, as LumenRL's reward does since 2232f55 (AMD's run); false: scored -1 (verl 0.9.1's math_dapo has a boxed fallback of its own, by other rules: repro/verl/reward_fn.py).")
 
 
 class EvalConfig(Section):
