@@ -203,3 +203,11 @@ def test_dry_run_prints_placement_overrides_beside_the_published_script_and_the_
     assert "actor_rollout_ref.actor.megatron.grad_offload" in out and "<- only the script's" in out
     assert "GB per trainer rank (estimate)" in out and "fits: every rank within its device" in out
     assert not (tmp_path / "verl").exists()  # a dry run writes nothing
+
+
+def test_docs_show_the_mapping_table_the_code_uses():
+    from pathlib import Path
+
+    from repro.verl.mapping import markdown_table
+
+    assert markdown_table() in Path("docs/verl.md").read_text()

@@ -172,3 +172,14 @@ def departures(recipe: "Recipe") -> list[str]:
     if r.checkpoint.max_restarts:
         notes.append("checkpoint.max_restarts: does not apply (verl stops when a worker dies; rerun with --resume)")
     return notes
+
+
+def markdown_table() -> str:
+    """MAPPING as the table docs/verl.md shows (tests/test_verl_engine.py keeps the two the same)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| recipe field | verl key | status | note |", "|---|---|---|---|"]
+    lines += [f"| `{r.field}` | {'-' if r.key == '-' else '`' + cell(r.key) + '`'} | {r.status} | {cell(r.note)} |"
+              for r in MAPPING]
+    return "\n".join(lines)
