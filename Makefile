@@ -143,7 +143,7 @@ test-lab: $(LAB_STAMP) $(LAB_CHROMIUM)
 # a CUDA build), hydra-core pinned, megatron-core without its deps (only its OptimizerConfig is read, to check verl's
 # override_optimizer_config keys). repro is added with --no-deps plus what its verl path imports. Then tests/verl:
 # our configs composed and validated by verl's own code, the run-time-only mistakes refused, verl's own Tracking
-# streamed into metrics.jsonl, resume. `make test` skips tests/verl while verl is not importable.
+# streamed into metrics.jsonl, resume. `make test` leaves tests/verl to this lane.
 VERL_VENV  ?= .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed

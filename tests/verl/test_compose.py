@@ -99,3 +99,17 @@ def test_the_written_config_file_is_the_composed_one(tmp_path):
     again = OmegaConf.load(path)
     assert again.actor_rollout_ref.actor.megatron.expert_model_parallel_size == 8
     assert not list(Path(tmp_path / "verl").glob(".*.tmp"))
+
+
+def test_the_dry_run_says_verl_composed_and_validated_the_config(capsys, tmp_path):
+    import argparse
+
+    from repro.commands import launch
+
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    assert launch.run(parser.parse_args(["--recipe", "h100-8x8-dsv4-flash-verl", "--dry-run", "--run-dir",
+                                         str(tmp_path)])) == 0
+    out = capsys.readouterr().out
+    assert "composed by verl's Hydra config and validated by verl's validate_config and the run-time checks here" in out
+    assert "REFUSES" not in out and "missing here" not in out
