@@ -63,6 +63,7 @@ def test_amd_recipe_runs_on_verl_with_its_departures_in_numbers():
                                                                   "rollout.activation_dtype"),
     ("weight_sync.quantize_on=trainer", "weight_sync.quantize_on"), ("algorithm.kl_coef=0.01", "algorithm.kl_coef"),
     ("algorithm.updates_per_step=3", "algorithm.updates_per_step"), ("verl.nodes=4", "verl.nodes"),
+    ("verl.nodes=3", "actor.num_workers"),
     ("reward.verifier=math_verify", "reward.verifier"),
 ])
 def test_each_value_verl_cannot_express_is_refused_naming_its_field(setting, field):

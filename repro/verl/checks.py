@@ -60,6 +60,9 @@ def verl_problems(recipe: "Recipe") -> list[str]:
     gpus = nodes * r.cluster.gpus_per_node
     if r.cluster.gpus_per_node and nodes > r.cluster.num_nodes:
         problems.append(f"verl.nodes: {nodes} nodes asked for, the cluster has {r.cluster.num_nodes}")
+    if r.cluster.gpus_per_node and r.actor.num_workers != gpus:
+        problems.append(f"actor.num_workers: verl runs one trainer rank on every GPU of its {nodes} node(s), "
+                        f"{gpus}, not {r.actor.num_workers} (verl.nodes, or actor.nodes when it is unset)")
     model_parallel = r.actor.tensor_parallel * r.actor.pipeline_parallel
     if r.cluster.gpus_per_node and gpus % model_parallel:
         problems.append(f"verl.nodes: {gpus} GPUs do not hold whole trainer replicas of TP x PP = {model_parallel}")
