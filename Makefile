@@ -160,7 +160,8 @@ $(VERL_STAMP): pyproject.toml $(LOCK)
 	  'psutil==7.2.2' 'matplotlib==3.11.2'
 	$(VERL_PY) -m pip install --quiet --no-deps 'megatron-core==0.16.1'
 	$(VERL_PY) -m pip install --quiet --no-deps -e .
-	$(VERL_PY) -c "import verl, hydra, torch; print('verl', verl.__version__, 'hydra', hydra.__version__, 'torch', torch.__version__)"
+	$(VERL_PY) -c "import verl, hydra, torch; print('verl', verl.__version__, 'hydra', hydra.__version__, \
+	  'torch', torch.__version__)"
 	@touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)

@@ -50,7 +50,7 @@ class EngineSeam:
 
     plan: PlanRun            # the run directory read: resume or not, from which checkpoint; changes nothing
     run: RunPlanned          # the plan run to the recipe's last step (its config written, launched, log streamed)
-    dry_run: DryRun          # `repro launch --dry-run`: the placement, config, command and memory budget; starts nothing
+    dry_run: DryRun          # `repro launch --dry-run`: placement, config, command, memory budget; starts nothing
     check_launch: Callable[["Recipe"], None]  # raises, naming each, what this machine lacks to start it
     latest_checkpoint: Callable[["Recipe", Path], "Checkpoint | None"]  # the resume point of a run directory
     write_config: Callable[["Recipe", Path, bool], Path] | None = None  # (recipe, run_dir, resume) -> its config file

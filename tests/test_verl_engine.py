@@ -111,7 +111,8 @@ def test_resume_takes_the_newest_complete_checkpoint_and_names_the_half_written_
     assert latest_verl_checkpoint(root).step == 4 and "written after the tracker" in incomplete(root)[0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s}) + "\n" for s in range(1, 7)))
+    rows = [json.dumps({"kind": "train", "step": s}) + "\n" for s in range(1, 7)]
+    (run_dir / "metrics.jsonl").write_text("".join(rows))
     recipe = load_recipe(AMD, ["engine=verl", f"verl.checkpoint_dir={root}"])
     plan = plan_verl_run(recipe, run_dir, resume=True)
     assert (plan.checkpoint.step, plan.dropped_steps, plan.ignored[0].startswith("global_step_6")) == (4, [5, 6], True)

@@ -228,6 +228,12 @@ class LumenRLSettings(Section):
     ray_stop_first: bool = Field(False, description="Run `ray stop --force` on this node before starting, as run_grpo_dsv4.sh does unless LUMENRL_KEEP_RAY_CLUSTER=1; false keeps the cluster `ray start` built.")
 
 
+_TRANSFORMER = "++actor_rollout_ref.actor.megatron.override_transformer_config."
+DSV4_ON_MEGATRON_BRIDGE = (_TRANSFORMER + "apply_dsa_kernel_fusion=True",
+                           _TRANSFORMER + "dsa_indexer_use_sparse_loss=True",
+                           _TRANSFORMER + "dsa_indexer_loss_coeff=0.0", _TRANSFORMER + "use_fused_mhc=False")
+
+
 class VerlSettings(Section):
     """verl as the engine (``engine: verl``, verl 0.9.1): where it is installed, where its files go, site settings."""
 
@@ -237,7 +243,7 @@ class VerlSettings(Section):
     checkpoint_dir: str | None = Field(None, description="trainer.default_local_dir (global_step_N/), the same path on every node; null: <run_dir>/checkpoints.")
     data_dir: str | None = Field(None, description="Where the train/val parquet files in verl's layout are written (read by verl's TaskRunner, on any node); null: <run_dir>/verl/data.")
     reward_function: str | None = Field(None, description="File whose compute_score verl calls (reward.custom_reward_function.path); null: repro's DAPO rule with the recipe's reward settings (repro/verl/reward_fn.py).")
-    overrides: list[str] = Field(default_factory=list, description="Hydra overrides appended after the written ones (e.g. actor_rollout_ref.nccl_timeout=3600); composed and checked with them.")
+    overrides: list[str] = Field(default_factory=lambda: list(DSV4_ON_MEGATRON_BRIDGE), description="Hydra overrides appended after the written ones (e.g. actor_rollout_ref.nccl_timeout=3600); composed and checked with them. Default: DeepSeek-V4's Megatron-Bridge settings as verl's published DSV4 script sets them (the sparse-attention indexer with its fused kernel and no loss of its own, the fused hyper-connection kernel off); another model: [].")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for verl's driver and, through +ray_kwargs.ray_init.runtime_env.env_vars, its Ray workers (e.g. NCCL_SOCKET_IFNAME).")
 
 

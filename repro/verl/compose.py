@@ -44,7 +44,7 @@ def compose_config(overrides: list[str]):
     """verl's composed ``ppo_trainer`` config with ``overrides``, validated as verl's ``main`` validates it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf.errors import OmegaConfBaseError
+    from omegaconf.errors import OmegaConfBaseException
 
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -60,7 +60,7 @@ def compose_config(overrides: list[str]):
     try:
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))
-    except (AssertionError, ValueError, TypeError, OmegaConfBaseError) as err:
+    except (AssertionError, ValueError, TypeError, OmegaConfBaseException) as err:
         raise VerlConfigError(f"verl's validate_config refuses the config: {_first_line(err)}") from None
     return config
 

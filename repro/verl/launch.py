@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
-DRIVER_ENV = {"PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
+DRIVER_ENV = {"PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0",
+              "TOKENIZERS_PARALLELISM": "false"}
 
 
 class VerlError(ReproError):

@@ -55,7 +55,8 @@ PUBLISHED: dict[str, str] = {
     "trainer.experiment_name": "deepseek_v4_flash_grpo_vllm_megatron", "trainer.n_gpus_per_node": "8",
     "trainer.nnodes": "8", "trainer.save_freq": "-1", "trainer.test_freq": "-1", "trainer.total_epochs": "1",
     "trainer.total_training_steps": "400", "trainer.resume_mode": "auto", "trainer.val_before_train": "False",
-    "trainer.log_val_generations": "0", "trainer.default_local_dir": "$HOME/verl/ckpts/wuxibin_dapo/deepseek_v4_flash_grpo_vllm_megatron",
+    "trainer.log_val_generations": "0",
+    "trainer.default_local_dir": "$HOME/verl/ckpts/wuxibin_dapo/deepseek_v4_flash_grpo_vllm_megatron",
     "actor_rollout_ref.nccl_timeout": "3600",
 }
 

@@ -39,7 +39,8 @@ REWARD_FILE = Path(__file__).with_name("reward_fn.py")
 
 
 def checkpoint_root(recipe: Recipe, run_dir: Path) -> Path:
-    return Path(recipe.verl.checkpoint_dir).expanduser() if recipe.verl.checkpoint_dir else Path(run_dir) / "checkpoints"
+    configured = recipe.verl.checkpoint_dir
+    return Path(configured).expanduser() if configured else Path(run_dir) / "checkpoints"
 
 
 def finished_step(run_dir: Path) -> int | None:
@@ -112,7 +113,8 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], grace_s: float) -> tuple[MetricsLog, int]:
+def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
+                    grace_s: float) -> tuple[MetricsLog, int]:
     """What can fail before verl starts, then the run directory made ready (as LumenRL's run does): returns the log,
     cut back to the resume step, and that step."""
     problems = launch.install_problems(recipe)

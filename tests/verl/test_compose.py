@@ -47,7 +47,8 @@ def test_the_h100_recipe_differs_from_the_published_script_only_where_its_header
     theirs = compose.flat(compose.compose_config(published.published_overrides(compose_on_0_9_1=True)))
     same = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-            "actor_rollout_ref.actor.megatron.expert_model_parallel_size", "actor_rollout_ref.actor.megatron.param_offload",
+            "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+            "actor_rollout_ref.actor.megatron.param_offload",
             "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
             "actor_rollout_ref.rollout.gpu_memory_utilization", "trainer.nnodes", "trainer.n_gpus_per_node",
             "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",

@@ -43,7 +43,7 @@ def recipe(tmp_path, monkeypatch):
 def test_a_crash_while_saving_resumes_from_the_last_complete_checkpoint_and_streams_every_step(recipe, tmp_path):
     run_dir = tmp_path / "run"
     said = []
-    with pytest.raises(VerlError, match=r"exited with status 3 after logging step 3.*last complete verl checkpoint "
+    with pytest.raises(VerlError, match=r"(?s)exited with status 3 after logging step 3.*last complete verl checkpoint "
                                         r"is step 2"):
         run_recipe(recipe, run_dir, say=said.append)
     root = run_dir / "checkpoints"
