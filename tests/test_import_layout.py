@@ -118,11 +118,11 @@ def test_engines_are_one_table_row_each_and_import_nothing_of_each_other():
     from repro.recipes.backends import ENGINES
 
     graph = import_graph()
-    packages = {"repro": "repro.run", "lumenrl": "repro.lumenrl", "verl": "repro.verl"}
-    assert set(ENGINES) == set(packages)
-    for name, package in packages.items():
-        assert ENGINES[name].seam.startswith(package + ".") and isinstance(load_seam(name), EngineSeam)
-    engines_own = ("repro.lumenrl", "repro.verl")
+    packages = {name: entry.seam.partition(":")[0].rsplit(".", 1)[0] for name, entry in ENGINES.items()}
+    assert {"repro", "lumenrl", "verl"} <= set(packages)  # each engine's package is named after it
+    assert all(p == ("repro.run" if name == "repro" else f"repro.{name}") for name, p in packages.items())
+    assert all(isinstance(load_seam(name), EngineSeam) for name in ENGINES)
+    engines_own = tuple(p for p in packages.values() if p != "repro.run")  # our own loop's package is repro.run
     outside = [m for m in graph if not m.startswith(engines_own)]
     assert {m: sorted(t for t in graph[m] if t.startswith(engines_own)) for m in outside
             if any(t.startswith(engines_own) for t in graph[m])} == {}
