@@ -1,9 +1,11 @@
 """The engine seam: everything the rest of repro needs from whoever runs a recipe's RL loop, in one typed record.
 
 An engine is a package and one row of ``repro.recipes.backends.ENGINES``. The row holds what recipe validation and
-the analysis may read without importing the engine (its capabilities, the checks of what it cannot run, the kind of
-run source its own logs are), and names the engine's ``EngineSeam`` ("module:attribute"), imported only when a run,
-a launch, a dry run or an analysis of one of its runs needs it. ``repro.engines`` (run), ``repro.commands.launch``
+the analysis may read without importing the engine's launch code: its capabilities, the checks of what it cannot run
+(``problems``), what the analysis reads beside a run's metrics.jsonl (``about_run_dir``: key origins, the step-time
+convention) and its caveats for the comparison with AMD's numbers (``caveats``), each "module:function", and the
+kind of run source its own logs are. It names the engine's ``EngineSeam`` ("module:attribute"), imported only when
+a run, a launch or a dry run needs it. ``repro.engines`` (run), ``repro.commands.launch``
 (launch and dry run) and ``repro.analysis`` (caveats, what a run folder holds) ask the seam; none of them names an
 engine. The three engines: ``repro.run.engine`` (our own loop), ``repro.lumenrl.seam`` (AMD's LumenRL),
 ``repro.verl.seam`` (verl).
@@ -22,7 +24,6 @@ from typing import TYPE_CHECKING, Callable, Literal, Protocol
 from repro.recipes.backends import ENGINES
 
 if TYPE_CHECKING:
-    from repro.analysis.frame import RunFrames
     from repro.recipes.schema import Recipe
     from repro.run.checkpoints import Checkpoint
     from repro.run.plan import RunOutcome, RunPlan
@@ -54,8 +55,6 @@ class EngineSeam:
     check_launch: Callable[["Recipe"], None]  # raises, naming each, what this machine lacks to start it
     latest_checkpoint: Callable[["Recipe", Path], "Checkpoint | None"]  # the resume point of a run directory
     write_config: Callable[["Recipe", Path, bool], Path] | None = None  # (recipe, run_dir, resume) -> its config file
-    about_run_dir: Callable[[Path], dict] | None = None  # what the analysis reads beside metrics.jsonl (key origins)
-    caveats: Callable[["RunFrames"], list[str]] | None = None  # its sentences for the comparison with AMD's numbers
 
 
 def load_seam(engine: str) -> EngineSeam:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from repro.analysis import formats, summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, THROUGHPUT, RunFrames
 from repro.metric_keys import POSITION_KEYS, timing_key
-from repro.recipes.backends import engine_of, engine_reading
+from repro.recipes.backends import engine_of, engine_reading, function_named
 from repro.reference import amd_reference, amd_value
 
 AMD_STEPS = int(amd_value("steps"))
@@ -183,14 +183,10 @@ def restart_notes(frames: RunFrames) -> list[str]:
 
 
 def engine_notes(frames: RunFrames) -> list[str]:
-    """The sentences the engine that ran this source adds (its seam's ``caveats``; none for a source without a
+    """The sentences the engine that ran this source adds (its table row's ``caveats``; none for a source without a
     recipe, whose engine is not known)."""
-    if frames.recipe is None:
-        return []
-    from repro.engine_seam import seam_of  # the engine's own modules, only for a run that one of them ran
-
-    caveats = seam_of(frames.recipe).caveats
-    return caveats(frames) if caveats is not None else []
+    caveats = engine_of(frames.recipe).caveats if frames.recipe is not None else None
+    return function_named(caveats)(frames) if caveats is not None else []
 
 
 def source_notes(frames: RunFrames) -> list[str]:

@@ -22,7 +22,7 @@ from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots an
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
 from repro.recipes import validate_recipe
-from repro.recipes.backends import engine_of
+from repro.recipes.backends import engine_of, function_named
 from repro.recipes.earlier import EARLIER_CONVENTIONS, EARLIER_IS_METRICS_NOTE, fill_earlier_conventions
 from repro.recipes.schema import Recipe
 
@@ -178,11 +178,9 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     path = run_dir / METRICS_FILE
     recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
-    if engine_of(recipe).streams_log:  # rows streamed from the engine's own log: key origins, step-time convention
-        from repro.engine_seam import seam_of  # that engine's modules, only for a run it ran
-
-        about_run_dir = seam_of(recipe).about_run_dir
-        about = about_run_dir(run_dir) if about_run_dir is not None else {}
+    engine = engine_of(recipe)
+    if engine.about_run_dir is not None:  # rows streamed from the engine's own log: key origins, step-time convention
+        about = function_named(engine.about_run_dir)(run_dir)
     frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
     frames.notes.extend(earlier_notes(filled))
     return frames

@@ -1,14 +1,13 @@
 """AMD's LumenRL as an engine (``engine: lumenrl``): its seam (``repro.engine_seam``), made of this package's
 functions. The config writer is ``run.prepare_config``, the dry run ``run.describe_launch`` with the trainer's
-memory budget, the launch check ``launch.checkout_problems``, the resume point ``checkpoints``' rule, and what the
-analysis reads of a streamed run ``repro.analysis.lumenrl_origins``."""
+memory budget, the launch check ``launch.checkout_problems``, the resume point ``checkpoints``' rule; what the
+analysis reads of a streamed run is ``repro.analysis.lumenrl_origins`` (named in the engine table)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from repro.analysis.lumenrl_origins import streamed_about
 from repro.engine_seam import EngineSeam
 from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint
 from repro.lumenrl.launch import LumenRLError, checkout_problems
@@ -42,4 +41,4 @@ def write_config(recipe: Recipe, run_dir: Path, resume: bool) -> Path:
 
 
 SEAM = EngineSeam(plan=plan_lumenrl_run, run=run_lumenrl, dry_run=dry_run, check_launch=check_launch,
-                  latest_checkpoint=resume_point, write_config=write_config, about_run_dir=streamed_about)
+                  latest_checkpoint=resume_point, write_config=write_config)

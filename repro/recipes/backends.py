@@ -77,6 +77,8 @@ class EngineCapabilities:
     problems: str | None          # "module:function" (recipe) -> what of a recipe it cannot run, field by field
     source_kind: str | None = None  # the run-source kind (repro.analysis.sources) its own log files read as
     colocates: bool = False       # runs the rollout on the trainer's GPUs itself: the recipe's node accounting is moot
+    about_run_dir: str | None = None  # "module:function" (run_dir) -> what the analysis reads beside metrics.jsonl
+    caveats: str | None = None    # "module:function" (frames) -> its sentences for the comparison with AMD's numbers
 
 
 TRAINERS: dict[str, TrainerCapabilities] = {
@@ -104,9 +106,11 @@ ENGINES: dict[str, EngineCapabilities] = {
                                 streamed_optimizer=False, problems=None),
     "lumenrl": EngineCapabilities("repro.lumenrl.seam:SEAM", own_loop=False, streams_log=True,
                                   rollout_logprobs="raw", streamed_optimizer=True,
-                                  problems="repro.recipes.lumenrl_checks:lumenrl_problems", source_kind="lumenrl"),
+                                  problems="repro.recipes.lumenrl_checks:lumenrl_problems", source_kind="lumenrl",
+                                  about_run_dir="repro.analysis.lumenrl_origins:streamed_about"),
     "verl": EngineCapabilities("repro.verl.seam:SEAM", own_loop=False, streams_log=True, rollout_logprobs=None,
-                               streamed_optimizer=False, problems="repro.verl.checks:verl_problems", colocates=True),
+                               streamed_optimizer=False, problems="repro.verl.checks:verl_problems", colocates=True,
+                               about_run_dir="repro.verl.analysis:about_run_dir", caveats="repro.verl.analysis:caveats"),
 }
 
 
@@ -131,10 +135,13 @@ def engine_reading(source_kind: str) -> EngineCapabilities | None:
 def engine_problems(recipe: "Recipe") -> list[str]:
     """What of ``recipe`` its engine cannot run, one ``field: why`` line each (empty: it can)."""
     problems = engine_of(recipe).problems
-    if problems is None:
-        return []
-    module, _, function = problems.partition(":")
-    return getattr(importlib.import_module(module), function)(recipe)
+    return function_named(problems)(recipe) if problems is not None else []
+
+
+def function_named(spec: str) -> Any:
+    """The function a table entry names as "module:function", imported now."""
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def rollout_of(recipe: "Recipe") -> RolloutCapabilities:

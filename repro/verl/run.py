@@ -33,7 +33,7 @@ from repro.verl.stream import VerlStream
 
 LOG = Path("logs") / "verl.log"
 WORK = Path("verl")  # overrides.txt, config.yaml, command.sh, metrics.attempt-N.jsonl, process.json, finished.json
-ORIGINS_FILE = "origins.json"
+ORIGINS_FILE = "origins.json"  # repro.verl.analysis reads it
 POLL_S = 0.5
 REWARD_FILE = Path(__file__).with_name("reward_fn.py")
 
