@@ -86,3 +86,11 @@ def test_verls_caveats_reach_the_comparison(recipe, tmp_path):
     notes = " ".join(source_notes(load_run(run_dir)))
     assert "never evaluates after the first update" in notes and "excludes its evaluation" in notes
     assert "no KL by response position" in notes
+
+    from repro.cli import main  # `repro compare` and `repro figures` read the run as any other
+
+    assert main(["compare", str(run_dir), "--out", str(tmp_path / "comparison.md")]) == 0
+    report = (tmp_path / "comparison.md").read_text()
+    assert "never evaluates after the first update" in report
+    assert main(["figures", str(run_dir), "--out", str(tmp_path / "figures")]) == 0
+    assert any(p.suffix == ".png" for p in (tmp_path / "figures").iterdir())
