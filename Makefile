@@ -30,10 +30,11 @@ $(KERNEL): $(STAMP)
 repro: $(STAMP) $(KERNEL)
 	$(PY) -m repro notebooks --recipe tiny-cpu --run-dir $(RUN) --figures figures
 
-# tests/vllm and tests/megatron need their optional backends: their own lanes (test-vllm, test-megatron) run them;
+# tests/vllm, tests/megatron and tests/verl need their optional backends: their own lanes (test-vllm, test-megatron,
+# test-verl) run them;
 # tests/lab needs a browser: the test-lab lane runs it.
 test: $(STAMP) $(KERNEL)
-	$(PY) -m pytest -q --ignore=tests/vllm --ignore=tests/megatron --ignore=tests/lab
+	$(PY) -m pytest -q --ignore=tests/vllm --ignore=tests/megatron --ignore=tests/verl --ignore=tests/lab
 
 # jupyter_server refuses to start as root without --allow-root (CI, containers and AMD's images run as root)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -136,3 +137,32 @@ $(LAB_CHROMIUM):
 
 test-lab: $(LAB_STAMP) $(LAB_CHROMIUM)
 	REPRO_LAB_CHROMIUM=$(LAB_CHROMIUM) $(LAB_PY) -m pytest -q tests/lab
+
+# verl lane: verl 0.9.1 with its verl-core extra (the default trainer imports TransferQueue) in its own venv, since
+# verl pins transformers<5.11 below the laptop's lock; torch is the lock's CPU build (pinned exactly: a looser pin pulls
+# a CUDA build), hydra-core pinned, megatron-core without its deps (only its OptimizerConfig is read, to check verl's
+# override_optimizer_config keys). repro is added with --no-deps plus what its verl path imports. Then tests/verl:
+# our configs composed and validated by verl's own code, the run-time-only mistakes refused, verl's own Tracking
+# streamed into metrics.jsonl, resume. `make test` leaves tests/verl to this lane.
+VERL_VENV  ?= .venv-verl
+VERL_PY    := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_PIN   ?= verl[verl-core]==0.9.1
+HYDRA_PIN  ?= hydra-core==1.3.8
+
+.PHONY: test-verl
+
+$(VERL_STAMP): pyproject.toml $(LOCK)
+	@test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install --quiet --upgrade pip
+	$(VERL_PY) -m pip install --quiet '$(VERL_PIN)' '$(HYDRA_PIN)' 'torch==2.13.0' 'ray[default]==2.60.0' \
+	  'numpy==2.4.6' 'pandas==3.1.1' 'pyarrow==26.0.1' 'pytest==9.0.3' 'pydantic==2.13.4' 'pyyaml==6.0.4' \
+	  'psutil==7.2.2' 'matplotlib==3.11.2'
+	$(VERL_PY) -m pip install --quiet --no-deps 'megatron-core==0.16.1'
+	$(VERL_PY) -m pip install --quiet --no-deps -e .
+	$(VERL_PY) -c "import verl, hydra, torch; print('verl', verl.__version__, 'hydra', hydra.__version__, \
+	  'torch', torch.__version__)"
+	@touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	$(VERL_PY) -m pytest -q -p no:cacheprovider tests/verl

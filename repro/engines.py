@@ -1,10 +1,7 @@
-"""Who runs a recipe's RL loop, chosen in this one table from ``recipe.engine``: repro's own loop
-(``repro.run.start``) or AMD's LumenRL (``repro.lumenrl.run``). The two engines stand side by side below this module
-and import nothing of each other; both plan a run directory into a ``RunPlan`` and hand back a ``RunOutcome``
-(``repro.run.plan``).
-
-What each engine can do is declared beside the trainer and rollout backends' (``repro.recipes.backends.ENGINES``,
-read by recipe validation, the sinks and the analysis); each entry here carries it.
+"""Who runs a recipe's RL loop, chosen from ``recipe.engine`` in one table (``repro.recipes.backends.ENGINES``):
+repro's own loop (``repro.run.engine``), AMD's LumenRL (``repro.lumenrl.seam``) or verl (``repro.verl.seam``). The
+engines stand side by side below this module and import nothing of each other; each plans a run directory into a
+``RunPlan`` and hands back a ``RunOutcome`` (``repro.run.plan``) through its seam (``repro.engine_seam``).
 
 ``run_recipe`` is the one entry point to a run: ``repro run``, ``repro smoke``, ``repro launch``, the ablations and
 the notebooks 02/03 all call it (or ``plan_run`` then ``run_planned``, to show the plan first).
@@ -12,52 +9,26 @@ the notebooks 02/03 all call it (or ``plan_run`` then ``run_planned``, to show t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Protocol
+from typing import Callable, Literal
 
-from repro.lumenrl.run import plan_lumenrl_run, run_lumenrl
-from repro.recipes.backends import ENGINES as CAPABILITIES, EngineCapabilities
+from repro.engine_seam import seam_of
 from repro.recipes.schema import Recipe
 from repro.run.plan import RunOutcome, RunPlan
-from repro.run.start import plan_repro_run, run_repro
 from repro.run.state import Progress, no_progress
-
-
-class PlanRun(Protocol):
-    def __call__(self, recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
-                 fresh: bool = False) -> RunPlan: ...
-
-
-class RunPlanned(Protocol):
-    def __call__(self, recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
-                 say: Callable[[str], None] = print) -> RunOutcome: ...
-
-
-@dataclass(frozen=True)
-class Engine:
-    plan: PlanRun     # reads the run directory (resume from which checkpoint), changes nothing
-    run: RunPlanned   # runs the plan to the recipe's last step
-    capabilities: EngineCapabilities
-
-
-ENGINES: dict[str, Engine] = {
-    "repro": Engine(plan_repro_run, run_repro, CAPABILITIES["repro"]),
-    "lumenrl": Engine(plan_lumenrl_run, run_lumenrl, CAPABILITIES["lumenrl"]),
-}
 
 
 def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
              fresh: bool = False) -> RunPlan:
     """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
     does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
-    return ENGINES[recipe.engine].plan(recipe, run_dir, resume, fresh)
+    return seam_of(recipe).plan(recipe, run_dir, resume, fresh)
 
 
 def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,
                 say: Callable[[str], None] = print) -> RunOutcome:
     """``run_recipe`` for a plan already made (a notebook shows it first, e.g. to seed its live plot)."""
-    return ENGINES[recipe.engine].run(recipe, plan, in_process=in_process, progress=progress, say=say)
+    return seam_of(recipe).run(recipe, plan, in_process=in_process, progress=progress, say=say)
 
 
 def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,

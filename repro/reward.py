@@ -10,7 +10,9 @@ it rests on, re-implemented here rather than copied:
   compared as strings; nothing is ever evaluated, so model text cannot run code.
 
 One deliberate difference: verl scores a response with no ``Answer:`` line by comparing the string
-"[INVALID]" with the ground truth; here such a response is always wrong.
+"[INVALID]" with the ground truth; here such a response is always wrong. verl 0.9.1's ``math_dapo`` then falls back
+to the last ``\\boxed{}`` (its strict-box check, without our normalisation: ``\\boxed{ 12 }`` scores -1 there);
+ours falls back only with ``boxed_fallback``, by LumenRL's rule (see ``score_response``).
 
 Every step is linear in its input and the response is sliced to 300 characters first, so the cost per
 answer is bounded whatever the model emits (1 MB of digits, 10k nested braces, unicode, empty).
@@ -193,7 +195,8 @@ def score_response(response: object, ground_truth: object, verifier: str = "dapo
                    boxed_fallback: bool = False) -> RewardResult:
     """Score one response against its ground truth with the DAPO rule (or math-verify, opt-in). With
     ``boxed_fallback`` a response without an ``Answer:`` line is scored on its last ``\\boxed{...}``, as LumenRL's
-    reward does since 2232f55 (the recipe's ``reward.boxed_fallback``; verl's ``math_dapo`` has no fallback).
+    reward does since 2232f55 (the recipe's ``reward.boxed_fallback``; verl 0.9.1's ``math_dapo`` has a fallback of
+    its own, by other rules: repro/verl/reward_fn.py).
 
     ``verifier="math_verify"`` keeps the same bounded ``Answer:`` extraction but replaces the string
     comparison with math-verify's symbolic check (its own LaTeX parser and timeouts, no Python eval), as

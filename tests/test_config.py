@@ -11,7 +11,8 @@ from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, re
 
 def test_every_committed_recipe_loads():
     names = list_recipes()
-    assert names == ["amd-dsv4-flash-mi308x", "tiny-cpu", "tiny-cpu-long"]
+    assert names == ["amd-dsv4-flash-mi308x", "h100-8x8-dsv4-flash-verl", "moonlight-16b-1x8-verl", "tiny-cpu",
+                     "tiny-cpu-long"]
     for name in names:
         assert load_recipe(name).name == name
 
@@ -169,7 +170,8 @@ def test_a_recipe_file_reads_1e_minus_6_as_a_number(tmp_path):
 
 
 def test_missing_recipe_and_bad_yaml(tmp_path):
-    with pytest.raises(RecipeError, match="unknown recipe 'nope'; committed recipes: amd-dsv4-flash-mi308x, tiny-cpu"):
+    with pytest.raises(RecipeError, match="unknown recipe 'nope'; committed recipes: amd-dsv4-flash-mi308x, "
+                       "h100-8x8-dsv4-flash-verl, moonlight-16b-1x8-verl, tiny-cpu"):
         load_recipe("nope")
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")

@@ -107,10 +107,28 @@ def test_our_engine_and_the_recipes_import_nothing_of_lumenrl():
     graph = import_graph()
     ours = [m for m in graph if m.startswith(("repro.run", "repro.recipes"))]
     assert len(ours) > 10
-    assert {m: sorted(t for t in graph[m] if t.startswith("repro.lumenrl")) for m in ours
-            if any(t.startswith("repro.lumenrl") for t in graph[m])} == {}
-    # the one place that knows both: the engine table
-    assert {"repro.run.start", "repro.lumenrl.run"} <= graph["repro.engines"]
+    assert {m: sorted(t for t in graph[m] if t.startswith(("repro.lumenrl", "repro.verl"))) for m in ours
+            if any(t.startswith(("repro.lumenrl", "repro.verl")) for t in graph[m])} == {}
+
+
+def test_engines_are_one_table_row_each_and_import_nothing_of_each_other():
+    """The engine table names each engine's seam by string; nothing else imports an engine package: not the run
+    entry point, not the launch command, not the analysis, and no engine another."""
+    from repro.engine_seam import EngineSeam, load_seam
+    from repro.recipes.backends import ENGINES
+
+    graph = import_graph()
+    packages = {name: entry.seam.partition(":")[0].rsplit(".", 1)[0] for name, entry in ENGINES.items()}
+    assert {"repro", "lumenrl", "verl"} <= set(packages)  # each engine's package is named after it
+    assert all(p == ("repro.run" if name == "repro" else f"repro.{name}") for name, p in packages.items())
+    assert all(isinstance(load_seam(name), EngineSeam) for name in ENGINES)
+    engines_own = tuple(p for p in packages.values() if p != "repro.run")  # our own loop's package is repro.run
+    outside = [m for m in graph if not m.startswith(engines_own)]
+    assert {m: sorted(t for t in graph[m] if t.startswith(engines_own)) for m in outside
+            if any(t.startswith(engines_own) for t in graph[m])} == {}
+    for package in engines_own:
+        others = tuple(p for p in engines_own if p != package)
+        assert [m for m in graph if m.startswith(package) and any(t.startswith(others) for t in graph[m])] == []
 
 
 def test_the_ray_layer_stands_on_errors_alone_and_the_checks_stand_on_it():

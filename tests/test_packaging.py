@@ -125,7 +125,9 @@ def test_the_tiny_recipe_states_the_lock_as_its_cluster_versions():
 
 # Imported only inside the functions of an optional backend or check, each with its own install path
 OPTIONAL_IMPORTS = {"megatron": "make test-megatron's venv", "vllm": "make test-vllm's venv",
-                    "math_verify": "reward.verifier=math_verify, which names the package when it is missing"}
+                    "math_verify": "reward.verifier=math_verify, which names the package when it is missing",
+                    "verl": "make test-verl's venv (engine verl)", "hydra": "verl's, in make test-verl's venv",
+                    "omegaconf": "verl's, in make test-verl's venv"}
 
 
 def _imported_top_level_modules() -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from repro.analysis import formats, summary
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, STEP_SECONDS, THROUGHPUT, RunFrames
 from repro.metric_keys import POSITION_KEYS, timing_key
-from repro.recipes.backends import engine_of
+from repro.recipes.backends import engine_of, engine_reading, function_named
 from repro.reference import amd_reference, amd_value
 
 AMD_STEPS = int(amd_value("steps"))
@@ -75,7 +75,8 @@ def rollout_logprobs(frames: RunFrames) -> str | None:
     """Which log-prob of each sampled token the source's rollout returned: "raw" (log_softmax(logits), T = 1: vLLM's
     default raw_logprobs, which AMD's run used -- LumenRL sets no logprobs_mode), "processed" (log_softmax(logits / T),
     the distribution sampled from), or None when the source does not say (an export of someone's run)."""
-    if frames.kind == "lumenrl" or (frames.recipe is not None and engine_of(frames.recipe).rollout_logprobs == "raw"):
+    engine = engine_of(frames.recipe) if frames.recipe is not None else engine_reading(frames.kind)
+    if engine is not None and engine.rollout_logprobs == "raw":
         return "raw"
     if frames.recipe is not None:
         # a run dir written before the field existed reads as "processed", what repro's engines then returned
@@ -159,8 +160,8 @@ def timing_notes(frames: RunFrames) -> list[str]:
     if origin == "timing/step_s":
         notes.append("Step time is LumenRL's `timing/step_s`, which stops before weight sync and validation.")
     elif frames.step_time_includes_eval:
-        notes.append("`timing_s/step` includes the evaluation time of steps that evaluated (verl/LumenRL time it "
-                     "inside the step); time-to-train does not add it again.")
+        notes.append("`timing_s/step` includes the evaluation time of steps that evaluated (LumenRL's DeepSeek-V4 "
+                     "trainer times it inside the step; verl 0.9.1 does not); time-to-train does not add it again.")
     if frames.origin(timing_key("sync")) == "timing/weight_sync_s":
         notes.append("`timing_s/sync` comes from LumenRL's `timing/weight_sync_s`, logged only for syncs above 1 s.")
     return notes
@@ -181,10 +182,17 @@ def restart_notes(frames: RunFrames) -> list[str]:
             "(the time lost to the restarts is in none of them)."]
 
 
+def engine_notes(frames: RunFrames) -> list[str]:
+    """The sentences the engine that ran this source adds (its table row's ``caveats``; none for a source without a
+    recipe, whose engine is not known)."""
+    caveats = engine_of(frames.recipe).caveats if frames.recipe is not None else None
+    return function_named(caveats)(frames) if caveats is not None else []
+
+
 def source_notes(frames: RunFrames) -> list[str]:
     """Every sentence on where this source differs from what AMD measured, importer notes last."""
     notes = (length_notes(frames) + restart_notes(frames) + eval_notes(frames) + throughput_notes(frames)
-             + kl_notes(frames) + position_notes(frames) + timing_notes(frames)
+             + kl_notes(frames) + position_notes(frames) + timing_notes(frames) + engine_notes(frames)
              + [n if n.endswith(".") else n + "." for n in frames.notes])
     if ACCURACY not in frames.train.columns:
         notes.insert(0, f"No reward accuracy (`{ACCURACY}`, nor a DAPO score to derive it from).")

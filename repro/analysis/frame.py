@@ -16,14 +16,13 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from repro.analysis.lumenrl_origins import streamed_about
 from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWarning: re-exported)
 # The canonical names the analysis reads; anything else in a log is kept as it is.
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
 )
 from repro.recipes import validate_recipe
-from repro.recipes.backends import engine_of
+from repro.recipes.backends import engine_of, function_named
 from repro.recipes.earlier import EARLIER_CONVENTIONS, EARLIER_IS_METRICS_NOTE, fill_earlier_conventions
 from repro.recipes.schema import Recipe
 
@@ -179,8 +178,9 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     path = run_dir / METRICS_FILE
     recipe, filled = read_recipe(run_dir / RECIPE_FILE)
     about = {}
-    if engine_of(recipe).streams_log:  # rows streamed from LumenRL's log: its key origins and step-time convention
-        about = streamed_about(run_dir)
+    engine = engine_of(recipe)
+    if engine.about_run_dir is not None:  # rows streamed from the engine's own log: key origins, step-time convention
+        about = function_named(engine.about_run_dir)(run_dir)
     frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
     frames.notes.extend(earlier_notes(filled))
     return frames

@@ -28,8 +28,30 @@ from repro.analysis.lumenrl_log import is_lumenrl_log, read_lumenrl_log
 from repro.notebooks.parameters import declared_parameters
 from repro.paths import project_path, resolve_parameter
 
-KINDS = ("run", "wandb", "lumenrl", "verl", "jsonl")
 SNIFF_BYTES = 1 << 20  # enough of a log to find its first metrics line among start-up output
+
+
+def _wandb(paths: list[Path], data_source: str | None, wandb_run: str | None, label: str) -> RunFrames:
+    return read_wandb_csv(paths, run=wandb_run, data_source=data_source, label=label)
+
+
+def _jsonl(paths: list[Path], data_source: str | None, wandb_run: str | None, label: str) -> RunFrames:
+    return read_verl_jsonl(paths[0], data_source=data_source, label=label)
+
+
+def _console_log(paths: list[Path], data_source: str | None, wandb_run: str | None, label: str) -> RunFrames:
+    return read_lumenrl_log(paths[0], data_source=data_source, label=label)
+
+
+# kind -> its reader by the file's suffix ("": any other; ".csv" also reads a folder of W&B exports). A kind names
+# a file format, not an engine: LumenRL's JSONL and W&B exports are verl's formats under LumenRL's key names, which
+# the importers' map renames whichever kind is given.
+READERS = {
+    "wandb": {"": _wandb, ".csv": _wandb},
+    "verl": {"": _jsonl},
+    "lumenrl": {".csv": _wandb, ".jsonl": _jsonl, ".json": _jsonl, "": _console_log},
+}
+KINDS = ("run", *READERS, "jsonl")
 
 
 @dataclass(frozen=True)
@@ -128,19 +150,17 @@ def load_source(source: str | os.PathLike | SourceSpec | RunFrames, *, base: Pat
         run_dir = first.parent if first.is_file() else first
         return load_run(run_dir, label=spec.label or "")
     label = spec.label or (first.name if first.is_dir() else paths[0].parent.name if len(paths) > 1 else "")
+    readers = READERS[kind]
     if first.is_dir():
         csvs = sorted(first.glob("*.csv"))
-        if kind not in ("wandb", "lumenrl") or not csvs:
+        if ".csv" not in readers or not csvs:
             raise MetricsError(f"{spec.text}: a folder; {kind} reads files (name the file)")
         paths = csvs
     suffix = paths[0].suffix.lower()
-    if kind == "wandb" or (kind == "lumenrl" and suffix == ".csv"):
-        return read_wandb_csv(paths, run=wandb_run, data_source=data_source, label=label)
-    if len(paths) > 1:
+    reader = readers.get(suffix, readers[""])
+    if len(paths) > 1 and reader is not _wandb:
         raise MetricsError(f"{spec.text}: matches {len(paths)} files; only W&B exports of one run may be several files")
-    if kind == "verl" or (kind == "lumenrl" and suffix in (".jsonl", ".json")):
-        return read_verl_jsonl(paths[0], data_source=data_source, label=label)
-    return read_lumenrl_log(paths[0], data_source=data_source, label=label)
+    return reader(paths, data_source, wandb_run, label)
 
 
 def load_sources(sources, *, base: Path | None = None, data_source: str | None = None,

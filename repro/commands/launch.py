@@ -1,31 +1,26 @@
-"""`repro launch --recipe NAME [--dry-run]`: place the groups on the recipe's Ray cluster and start the run.
+"""`repro launch --recipe NAME [--dry-run]`: start the run on the recipe's cluster through its engine.
 
-With ``engine: lumenrl`` in the recipe it starts AMD's LumenRL instead (repro.lumenrl): ``--dry-run`` then prints the
-config written from the recipe beside the published one, the environment and the command.
+What a dry run prints and what a launch needs are the engine's (``repro.engine_seam``): for ``engine: repro`` the
+dry run places both groups (so the cluster proves it can hold them), prints which node hosts each worker and bundle,
+each trainer rank's Megatron coordinates, the vLLM engine arguments and the trainer's memory budget per rank
+(repro.readiness.memory_budget), then releases the placement without starting any worker (without a reachable
+cluster it prints the plan unplaced and fails); for an engine that launches a program of its own (LumenRL, verl) it
+prints the config written from the recipe beside the published one, the environment, the command and the memory
+budget.
 
-``--dry-run`` places both groups (so the cluster proves it can hold them), prints which node hosts each
-worker and bundle, each trainer rank's Megatron coordinates, the vLLM engine arguments and the trainer's memory
-budget per rank (repro.readiness.memory_budget), then releases the placement without starting any worker. Without a reachable cluster it prints the plan unplaced and fails.
-
-Without ``--dry-run`` it refuses, naming each, when a worker library (megatron-core, vLLM) is not importable or
-``actor.model_provider`` is unset; otherwise it hands over to ``repro run`` (``repro.commands.run.execute``),
-whose Ray groups start one actor per trainer rank (one torch.distributed world) and the rollout replica.
+Without ``--dry-run`` the engine refuses, naming each, what this machine lacks to start it (a worker library, an
+unset ``actor.model_provider``, the engine's checkout or package); otherwise it hands over to ``repro run``
+(``repro.commands.run.execute``), the one entry point to a run.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from repro.cluster import ClusterError
-from repro.cluster.placement import plan_placement
 from repro.commands import run as run_command
-from repro.lumenrl.launch import LumenRLError, checkout_problems
-from repro.readiness import facts
+from repro.engine_seam import seam_of
 from repro.recipes import list_recipes, load_recipe
-from repro.recipes.backends import engine_of
-from repro.run.launch import (
-    LaunchError, dry_run, format_dry_run, format_memory_budget, launch_blockers, simulated_dry_run, unplaced_rows,
-)
 
 DEFAULT_RECIPE = "amd-dsv4-flash-mi308x"
 
@@ -48,79 +43,14 @@ def add_arguments(parser):
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-class NoClusterToJoin(Exception):
-    """'auto' found no running cluster on this machine (the dry run then simulates one)."""
-
-
-def _with_address(recipe):
-    """'auto' joins $RAY_ADDRESS or the cluster `ray start` recorded, never a stray local ray.init() instance."""
-    import ray
-
-    if ray.is_initialized():
-        return recipe
-    try:
-        address = facts.resolve_address(recipe.cluster.ray_address)
-    except facts.NoClusterFound as err:
-        raise NoClusterToJoin(f"cluster.ray_address='auto': {err}") from None
-    return recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": address})})
-
-
 def run(args) -> int:
-    recipe = load_recipe(args.recipe, list(args.overrides))
-    if not engine_of(recipe).own_loop:  # LumenRL launches its own job
-        return launch_lumenrl(args)
-    if args.dry_run or args.simulate:
-        if args.simulate:
-            print(simulated_dry_run(recipe, timeout_s=args.placement_timeout))
-            return 0
-        try:
-            joined = _with_address(recipe)
-        except NoClusterToJoin as err:
-            print(f"{err}: showing the placement on a simulated cluster instead")
-            print(simulated_dry_run(recipe, timeout_s=args.placement_timeout))
-            return 0
-        try:
-            text, _ = dry_run(joined, timeout_s=args.placement_timeout)
-        except ClusterError as err:
-            plan = plan_placement(recipe)
-            print(format_dry_run(recipe, plan, unplaced_rows(plan)))
-            raise ClusterError(f"dry run: the plan above could not be placed: {err} "
-                               "(`--simulate` shows the placement on a simulated cluster of the recipe's shape)") from None
-        print(text)
-        return 0
-    blockers = launch_blockers(recipe)
-    if blockers:
-        raise LaunchError(
-            f"recipe {recipe.name} cannot be launched from here: {'; '.join(blockers)}. "
-            "`repro launch --dry-run` still shows the placement and every worker's arguments"
-        )
-
-    run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
-                                  run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet,
-                                  max_restarts=args.max_restarts)
-    run_command.execute(run_args)
-    return 0
-
-
-def launch_lumenrl(args) -> int:
-    """engine lumenrl: the dry run prints the LumenRL config written from the recipe beside the published one, the
-    environment, the command and the trainer's memory budget; otherwise the run goes through ``repro run`` (the one
-    entry point) to LumenRL."""
-    from pathlib import Path
-
-    from repro.lumenrl.run import describe_launch  # torch, pandas: not for `repro launch --help`
-
     recipe = load_recipe(args.recipe, list(args.overrides), steps=args.steps)
-    run_dir = Path(args.run_dir or Path("runs") / recipe.name)
+    seam = seam_of(recipe)  # the engine's own modules (torch, pandas): not for `repro launch --help`
     if args.dry_run or args.simulate:
-        print(describe_launch(recipe, run_dir))
-        print(format_memory_budget(recipe))
+        run_dir = Path(args.run_dir or Path("runs") / recipe.name)
+        seam.dry_run(recipe, run_dir, simulate=args.simulate, timeout_s=args.placement_timeout, say=print)
         return 0
-    problems = checkout_problems(recipe)
-    if problems:
-        raise LumenRLError(f"recipe {recipe.name} cannot start LumenRL from here: {'; '.join(problems)}. "
-                           "`repro launch --dry-run` still shows the config it would write")
-
+    seam.check_launch(recipe)
     run_args = argparse.Namespace(recipe=args.recipe, overrides=list(args.overrides), steps=args.steps,
                                   run_dir=args.run_dir, resume=args.resume, in_process=False, quiet=args.quiet,
                                   max_restarts=args.max_restarts)

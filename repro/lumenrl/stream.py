@@ -26,6 +26,7 @@ from typing import Callable
 from repro.analysis.frame import MetricsError, warn_torn_line
 from repro.analysis.importers import EVAL_PREFIXES, SYNONYMS, canonical_columns
 from repro.analysis.lumenrl_log import METRICS_START, parse_pairs
+from repro.log_follow import LogFollower
 from repro.metric_keys import ACCURACY, EVAL_SECONDS, KIND, SCORE, STEP
 from repro.run.metrics_log import MetricsLog
 
@@ -64,36 +65,6 @@ def rows_from_metrics(step: int, values: dict[str, float], source: Path, eval_li
     if any(v is not None for k, v in evals.items() if k != EVAL_SECONDS):  # LumenRL times validation on every row
         rows.append({KIND: "eval", STEP: step, **evals})
     return rows
-
-
-class LogFollower:
-    """The complete lines appended to a file since ``offset``, with their line numbers in the whole file."""
-
-    def __init__(self, path: Path, offset: int = 0):
-        self.path = Path(path)
-        self.offset = offset
-        self.pending = b""
-        self.line_number = self._lines_before(offset)
-
-    def _lines_before(self, offset: int) -> int:
-        if offset == 0 or not self.path.is_file():
-            return 0
-        with open(self.path, "rb") as handle:
-            return handle.read(offset).count(b"\n")
-
-    def new_lines(self) -> list[tuple[int, str]]:
-        if not self.path.is_file():
-            return []
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read()
-        self.offset += len(chunk)
-        *complete, self.pending = (self.pending + chunk).split(b"\n")
-        out = []
-        for raw in complete:
-            self.line_number += 1
-            out.append((self.line_number, raw.decode("utf-8", errors="replace").rstrip("\r")))
-        return out
 
 
 class MetricsStream:

@@ -1,7 +1,7 @@
 """The backends a recipe can name, one table per side: ``actor.backend`` -> ``TRAINERS``, ``rollout.backend`` ->
-``ROLLOUTS``, ``engine`` -> ``ENGINES``. Each entry is what the backend can do and (trainers, rollouts) the
-function that builds it; every other module asks these tables rather than comparing backend names. An engine's
-plan/run functions are ``repro.engines``' table, whose entries carry the capabilities declared here.
+``ROLLOUTS``, ``engine`` -> ``ENGINES``. Each entry is what the backend can do and the function that builds it
+(trainers, rollouts) or the seam that runs it (engines: ``repro.engine_seam``); every other module asks these tables
+rather than comparing backend names. An engine is one row here and one package.
 
 The builder is named as ``"module:function"`` and imported when a worker builds it (``build``): recipe
 validation reads this table and must not import torch, megatron-core or vLLM to do so.
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from repro.errors import RecipeError
-from repro.recipes.lumenrl_checks import lumenrl_problems
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -68,13 +67,18 @@ class RolloutCapabilities:
 
 @dataclass(frozen=True)
 class EngineCapabilities:
-    """What an engine (who runs the RL loop) does, declared once."""
+    """What an engine (who runs the RL loop) does, declared once; ``seam`` and ``problems`` are imported when used."""
 
+    seam: str                     # "module:attribute" of its repro.engine_seam.EngineSeam (run, launch, resume, ...)
     own_loop: bool                # repro's loop: its sinks write rollouts/ and W&B, its checkpoints are repro's
     streams_log: bool             # the run's rows are streamed from the engine's own log (key origins, step time)
     rollout_logprobs: Literal["raw"] | None  # which log-probs its rollout reports when the recipe cannot say
     streamed_optimizer: bool      # its trainer streams the optimizer state (LumenRL's DSV4 optimizer)
-    problems: Callable[["Recipe"], list[str]] | None  # what of a recipe it cannot run, field by field
+    problems: str | None          # "module:function" (recipe) -> what of a recipe it cannot run, field by field
+    source_kind: str | None = None  # the run-source kind (repro.analysis.sources) its own log files read as
+    colocates: bool = False       # runs the rollout on the trainer's GPUs itself: the recipe's node accounting is moot
+    about_run_dir: str | None = None  # "module:function" (run_dir) -> what the analysis reads beside metrics.jsonl
+    caveats: str | None = None    # "module:function" (frames) -> its sentences for the comparison with AMD's numbers
 
 
 TRAINERS: dict[str, TrainerCapabilities] = {
@@ -99,10 +103,15 @@ ROLLOUTS: dict[str, RolloutCapabilities] = {
 
 
 ENGINES: dict[str, EngineCapabilities] = {
-    "repro": EngineCapabilities(own_loop=True, streams_log=False, rollout_logprobs=None, streamed_optimizer=False,
-                                problems=None),
-    "lumenrl": EngineCapabilities(own_loop=False, streams_log=True, rollout_logprobs="raw", streamed_optimizer=True,
-                                  problems=lumenrl_problems),
+    "repro": EngineCapabilities("repro.run.engine:SEAM", own_loop=True, streams_log=False, rollout_logprobs=None,
+                                streamed_optimizer=False, problems=None),
+    "lumenrl": EngineCapabilities("repro.lumenrl.seam:SEAM", own_loop=False, streams_log=True,
+                                  rollout_logprobs="raw", streamed_optimizer=True,
+                                  problems="repro.recipes.lumenrl_checks:lumenrl_problems", source_kind="lumenrl",
+                                  about_run_dir="repro.analysis.lumenrl_origins:streamed_about"),
+    "verl": EngineCapabilities("repro.verl.seam:SEAM", own_loop=False, streams_log=True, rollout_logprobs=None,
+                               streamed_optimizer=False, problems="repro.verl.checks:verl_problems", colocates=True,
+                               about_run_dir="repro.verl.analysis:about_run_dir", caveats="repro.verl.analysis:caveats"),
 }
 
 
@@ -117,6 +126,23 @@ def trainer_named(name: str, where: str) -> TrainerCapabilities:
 
 def engine_of(recipe: "Recipe") -> EngineCapabilities:
     return _entry(ENGINES, recipe.engine, "engine")
+
+
+def engine_reading(source_kind: str) -> EngineCapabilities | None:
+    """The engine whose own log files read as run sources of ``source_kind`` (None: no engine's)."""
+    return next((e for e in ENGINES.values() if e.source_kind == source_kind), None)
+
+
+def engine_problems(recipe: "Recipe") -> list[str]:
+    """What of ``recipe`` its engine cannot run, one ``field: why`` line each (empty: it can)."""
+    problems = engine_of(recipe).problems
+    return function_named(problems)(recipe) if problems is not None else []
+
+
+def function_named(spec: str) -> Any:
+    """The function a table entry names as "module:function", imported now."""
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def rollout_of(recipe: "Recipe") -> RolloutCapabilities:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from repro.recipes.backends import engine_of, trainer_of
+from repro.recipes.backends import engine_of, engine_problems, trainer_of
 
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
@@ -97,6 +97,8 @@ def resource_problems(recipe: "Recipe") -> list[str]:
         if cluster.colocate != "none":
             problems.append(f"cluster.colocate: {cluster.colocate!r} places GPU workers; CPU mode has none")
         return problems
+    if engine_of(recipe).colocates:  # the engine places both on the same GPUs; its own checks say what fits
+        return problems
     if cluster.colocate != "none":
         return problems + colocated_problems(recipe)
     if actor.nodes + rollout.num_replicas * _nodes_for(rollout.tensor_parallel, cluster.gpus_per_node) > cluster.num_nodes:
@@ -152,12 +154,6 @@ def algorithm_problems(recipe: "Recipe") -> list[str]:
     if recipe.routing_replay.enabled and recipe.model.num_experts_per_tok < 1:
         problems.append("routing_replay.enabled: needs an MoE model")
     return problems
-
-
-def engine_problems(recipe: "Recipe") -> list[str]:
-    """What the chosen engine cannot run: LumenRL takes only what its config can express."""
-    problems = engine_of(recipe).problems
-    return problems(recipe) if problems is not None else []
 
 
 def check_consistency(recipe: "Recipe") -> None:

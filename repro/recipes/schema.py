@@ -159,7 +159,7 @@ class RolloutCorrectionConfig(Section):
     mode: Literal["token", "sequence", "token_mask", "sequence_mask", "none"] = Field("token", description="Importance weighting between rollout and trainer (verl/LumenRL rollout_is).")
     threshold: float = Field(2.0, ge=1, description="Upper cap C of w = min(exp(logp_old - logp_rollout), C).")
     lower_threshold: float | None = Field(None, gt=0, le=1, description="Lower bound for the *_mask modes (IcePop); null: 1/threshold.")
-    verl_metrics: bool = Field(False, description="Also log the IS statistics as verl defines them (weights clamped to [1/C, C] for the ESS and std, mean/max/min of the untruncated weights) under rollout_corr_verl/; the rollout_corr/ keys always follow LumenRL, AMD's definitions (weights clamped to [0, C], statistics of the truncated weights).")
+    verl_metrics: bool = Field(False, description="Also log the IS statistics as verl defined them before its PR #5722 (verl 0.9.1's rollout_corr/* follow LumenRL's) (weights clamped to [1/C, C] for the ESS and std, mean/max/min of the untruncated weights) under rollout_corr_verl/; the rollout_corr/ keys always follow LumenRL, AMD's definitions (weights clamped to [0, C], statistics of the truncated weights).")
 
 
 class RoutingReplayConfig(Section):
@@ -170,7 +170,7 @@ class RoutingReplayConfig(Section):
 class RewardConfig(Section):
     kind: Literal["dapo_math"] = Field("dapo_math", description="Reward rule (verl math_dapo: 'Answer:' line, +1/-1).")
     verifier: Literal["dapo", "math_verify"] = Field("dapo", description="Answer checker; math_verify is stricter and optional.")
-    boxed_fallback: bool = Field(True, description="A response with no 'Answer:' line is scored on its last \\boxed{...}, as LumenRL's reward does since 2232f55 (AMD's run); false: verl's math_dapo rule, which scores it -1.")
+    boxed_fallback: bool = Field(True, description="A response with no 'Answer:' line is scored on its last \\boxed{...}, as LumenRL's reward does since 2232f55 (AMD's run); false: scored -1 (verl 0.9.1's math_dapo has a boxed fallback of its own, by other rules: repro/verl/reward_fn.py).")
 
 
 class EvalConfig(Section):
@@ -228,10 +228,29 @@ class LumenRLSettings(Section):
     ray_stop_first: bool = Field(False, description="Run `ray stop --force` on this node before starting, as run_grpo_dsv4.sh does unless LUMENRL_KEEP_RAY_CLUSTER=1; false keeps the cluster `ray start` built.")
 
 
+_TRANSFORMER = "++actor_rollout_ref.actor.megatron.override_transformer_config."
+DSV4_ON_MEGATRON_BRIDGE = (_TRANSFORMER + "apply_dsa_kernel_fusion=True",
+                           _TRANSFORMER + "dsa_indexer_use_sparse_loss=True",
+                           _TRANSFORMER + "dsa_indexer_loss_coeff=0.0", _TRANSFORMER + "use_fused_mhc=False")
+
+
+class VerlSettings(Section):
+    """verl as the engine (``engine: verl``, verl 0.9.1): where it is installed, where its files go, site settings."""
+
+    python: str | None = Field(None, description="Interpreter with verl[verl-core]==0.9.1 (the image's Python, where repro is installed too); null: this one.")
+    image: str | None = Field(None, description="The container image verl runs in, for the record and the dry run (NVIDIA: verl's vLLM image; ROCm: verl's docker/rocm/Dockerfile.rocm.deepseek-v4); nothing is pulled.")
+    nodes: int | None = Field(None, ge=1, description="Nodes verl's synchronous trainer spans, rollout colocated on the same GPUs (trainer.nnodes); null: actor.nodes, so the trainer's parallel layout is the recipe's.")
+    checkpoint_dir: str | None = Field(None, description="trainer.default_local_dir (global_step_N/), the same path on every node; null: <run_dir>/checkpoints.")
+    data_dir: str | None = Field(None, description="Where the train/val parquet files in verl's layout are written (read by verl's TaskRunner, on any node); null: <run_dir>/verl/data.")
+    reward_function: str | None = Field(None, description="File whose compute_score verl calls (reward.custom_reward_function.path); null: repro's DAPO rule with the recipe's reward settings (repro/verl/reward_fn.py).")
+    overrides: list[str] = Field(default_factory=lambda: list(DSV4_ON_MEGATRON_BRIDGE), description="Hydra overrides appended after the written ones (e.g. actor_rollout_ref.nccl_timeout=3600); composed and checked with them. Default: DeepSeek-V4's Megatron-Bridge settings as verl's published DSV4 script sets them (the sparse-attention indexer with its fused kernel and no loss of its own, the fused hyper-connection kernel off); another model: [].")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for verl's driver and, through +ray_kwargs.ray_init.runtime_env.env_vars, its Ray workers (e.g. NCCL_SOCKET_IFNAME).")
+
+
 class Recipe(Section):
     name: str = Field(description="Recipe name, also the default run directory name.")
     description: str = Field("", description="One line on what this recipe reproduces.")
-    engine: Literal["repro", "lumenrl"] = Field("repro", description="Who runs the RL loop: repro's own loop (embedded on CPU; Megatron-core + vLLM on a cluster), or AMD's LumenRL from the checkout at lumenrl.path, with the config written from this recipe.")
+    engine: Literal["repro", "lumenrl", "verl"] = Field("repro", description="Who runs the RL loop: repro's own loop (embedded on CPU; Megatron-core + vLLM on a cluster), AMD's LumenRL from the checkout at lumenrl.path, or verl 0.9.1 (verl:), with the config written from this recipe.")
     seed: int = Field(10086, description="Seed for data order, sampling and initialisation.")
     steps: int = Field(75, ge=1, description="Optimizer steps of the run.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the run is placed.")
@@ -249,6 +268,7 @@ class Recipe(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints and resume.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer-to-rollout weight sync.")
     lumenrl: LumenRLSettings = Field(default_factory=LumenRLSettings, description="AMD's LumenRL as the engine (engine: lumenrl): checkout, site settings.")
+    verl: VerlSettings = Field(default_factory=VerlSettings, description="verl as the engine (engine: verl): install, shared folders, site settings.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="W&B, TensorBoard and the rollouts on disk: records of the run, not settings of it.")
 
     @property
