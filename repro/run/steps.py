@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 
 from repro import metric_keys as K
-from repro.algos import grpo_advantages, rollout_corr_metrics
+from repro.algos import grpo_advantages, response_token_mean, rollout_corr_metrics
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.recipes.schema import Recipe
 from repro.reward import RewardResult, accuracy, mean_score, score_response
@@ -95,12 +95,6 @@ def make_train_batch(run: Run, rollout: RolloutResult, rewards: list[RewardResul
     return GroupedBatch(batch, grouped.num_zero_variance_groups)
 
 
-def rescore_with_replay(run: Run, batch: TrainBatch) -> TrainBatch:
-    """π_old: ``batch`` with the trainer's own log-probs of the sampled tokens, the rollout's experts replayed (R3)."""
-    result = run.trainer.logprobs(batch, run.recipe.routing_replay.enabled)
-    return replace(batch, old_logprobs=result.logprobs)
-
-
 @dataclass(frozen=True)
 class PolicyUpdate:
     """The batch with its π_old log-probs, and the update's ``actor/*`` metrics."""
@@ -112,16 +106,18 @@ class PolicyUpdate:
 def update_policy(run: Run, clock: StepClock, batch: TrainBatch) -> PolicyUpdate:
     """π_old (routing replayed), then the step's update(s). With one update per step the update's own first
     forward gives π_old of the rows it forwards -- the same numbers a separate pass gives -- and only the rows
-    it skips get a no-grad pass (timed as ``update``); otherwise a separate rescoring first (``old_logprob``)."""
+    it skips get a no-grad pass (timed as ``update``); otherwise a separate rescoring first (``old_logprob``).
+    ``actor/entropy`` is LumenRL's: π_old's entropy over every response token of the batch."""
     if old_logprobs_from_update(run.recipe):
         with clock.phase("update"):
             pi_old, metrics = run.trainer.scored_train_step(batch)
-        return PolicyUpdate(replace(batch, old_logprobs=pi_old.logprobs), metrics)
-    with clock.phase("old_logprob"):
-        batch = rescore_with_replay(run, batch)
-    with clock.phase("update"):
-        metrics = run.trainer.train_step(batch)
-    return PolicyUpdate(batch, metrics)
+    else:
+        with clock.phase("old_logprob"):
+            pi_old = run.trainer.logprobs(batch, run.recipe.routing_replay.enabled)
+        with clock.phase("update"):
+            metrics = run.trainer.train_step(replace(batch, old_logprobs=pi_old.logprobs))
+    entropy = {K.ENTROPY: response_token_mean(pi_old.entropy, batch.response_mask)}
+    return PolicyUpdate(replace(batch, old_logprobs=pi_old.logprobs), {**metrics, **entropy})
 
 
 def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
