@@ -18,6 +18,7 @@ EARLIER_CONVENTIONS: dict[str, object] = {
     "eval.after_first_update": False,
     "data.train.dedupe": True,
     "data.eval.dedupe": True,
+    "optim.weight_decay_rule": "all",
 }
 # the earlier IS statistics were verl's, under the rollout_corr/ keys
 EARLIER_IS_METRICS_NOTE = ("its rollout_corr/rollout_is_* statistics are verl's (ESS and std on the weights clamped "

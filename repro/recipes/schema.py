@@ -89,6 +89,7 @@ class OptimConfig(Section):
     betas: list[float] = Field([0.9, 0.98], min_length=2, max_length=2, description="Adam (beta1, beta2).")
     eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay (AdamW).")
+    weight_decay_rule: Literal["megatron", "all"] = Field("megatron", description="Which parameters weight_decay applies to: megatron = all but biases and 1-D parameters (norm scales, ...), megatron-core's rule (wd_mult 0), which LumenRL's OptimizerParamScheduler applied in AMD's run; all = every parameter, as repro did before.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
 
 
