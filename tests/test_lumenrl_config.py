@@ -283,6 +283,7 @@ def test_the_written_config_says_where_lumenrl_ignores_the_recipe(tmp_path):
     (ON_LUMENRL + ["algorithm.adv_std=sample"], "algorithm.adv_std: LumenRL's grpo estimator divides by the population"),
     (ON_LUMENRL + ["reward.boxed_fallback=false"], "reward.boxed_fallback: LumenRL's reward always scores"),
     (ON_LUMENRL + ["data.train.dedupe=true"], "data.train.dedupe: LumenRL reads every row"),
+    (ON_LUMENRL + ["optim.weight_decay_rule=all"], "optim.weight_decay_rule: LumenRL's engine builds megatron's"),
 ])
 def test_what_lumenrl_cannot_run_is_refused_naming_the_field(overrides, expected):
     with pytest.raises(RecipeError) as err:

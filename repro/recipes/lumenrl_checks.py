@@ -51,6 +51,10 @@ def lumenrl_problems(recipe: "Recipe") -> list[str]:
     if not recipe.reward.boxed_fallback:
         problems.append("reward.boxed_fallback: LumenRL's reward always scores the last \\boxed{} of a response "
                         "without an 'Answer:' line (rewards/math_reward.py:97-99)")
+    if recipe.optim.weight_decay_rule != "megatron":
+        problems.append("optim.weight_decay_rule: LumenRL's engine builds megatron's param groups and "
+                        "OptimizerParamScheduler, which never decay biases and 1-D parameters "
+                        "(megatron_lumen_dsv4_engine.py:1038-1049)")
     for name, dataset in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
         if dataset.dedupe:
             problems.append(f"{name}.dedupe: LumenRL reads every row of the file; dedupe it beforehand")
