@@ -124,7 +124,7 @@ class LengthConfig(Section):
 class DatasetConfig(Section):
     kind: Literal["dapo_math", "aime_2024", "tiny_math_train", "tiny_math_held_out", "tiny_math_long_train", "tiny_math_long_held_out"] = Field(description="Which dataset layout to read (or generate, for tiny_math_*; tiny_math_long_*: answers that show a running total, repro/data/tinymath_long.py).")
     path: str | None = Field(None, description="Local file (parquet or jsonl); required for dapo_math and aime_2024.")
-    template: Literal["dapo", "tiny"] = Field("dapo", description="Prompt template: DAPO's 'Answer:' instruction, or the tiny task's 'a+b='.")
+    template: Literal["stored", "dapo", "tiny"] = Field("stored", description="The prompt's text: stored = the row's messages exactly as the file holds them, as LumenRL reads them (AMD's run; a bare problem/answer row becomes one user turn of the problem); dapo = the bare problem re-wrapped in DAPO's 'Answer:' instruction; tiny = the tiny task's 'a+b='.")
     on_malformed: Literal["skip", "fail"] = Field("skip", description="A malformed row is skipped and counted, or stops the load naming the row.")
     dedupe: bool = Field(False, description="Drop repeated problems. AMD's run did not: LumenRL samples every row of the file, and DAPO-Math-17K repeats each problem ~100 times, so a problem's chance is its share of rows (the tiny sets hold no repeats).")
     digits: int = Field(2, ge=1, le=3, description="Operand width of tiny-math problems (the difficulty knob).")
@@ -138,6 +138,7 @@ class DatasetConfig(Section):
 
 
 class DataConfig(Section):
+    chat_encoding: Literal["auto", "deepseek_v4", "chat_template", "none"] = Field("auto", description="How the prompt's messages become the model's text: auto = LumenRL's rule (AMD's run): the tokenizer's chat template if it has one, else DeepSeek-V4's encoder (thinking mode: BOS <｜User｜>... <｜Assistant｜><think>) if the tokenizer knows its turn tokens, else an error; DeepSeek-V4's release has no template, so auto is its encoder; deepseek_v4 / chat_template: that one always; none = BOS + the user turn's text, no turn markers (the tiny model's: its tokenizer has neither). The text is tokenized without added special tokens, as LumenRL does.")
     train: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="dapo_math", path="/dev/shm/datasets/dapo-math-17k/dapo-math-17k.parquet"), description="Training prompts.")
     eval: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="aime_2024", path="/dev/shm/datasets/aime-2024/aime-2024.parquet"), description="Held-out evaluation problems.")
 
@@ -178,6 +179,7 @@ class EvalConfig(Section):
     every_steps: int = Field(5, ge=1, description="Evaluate after every this many steps, and after the last (AMD: LumenRL's val_steps 5; the post gives no interval, only AIME at the start and the end).")
     at_start: bool = Field(False, description="Evaluate before the first update (step 0); LumenRL's trainer never does.")
     after_first_update: bool = Field(True, description="Evaluate after the first update (step 1), as LumenRL's EvalCallback does when eval.enabled (AMD's run: its interval of 1,000 fires once, at step 1), so AMD's 'start' AIME figure is step 1's.")
+    answer_format: bool = Field(True, description="Append LumenRL's evaluation line '\\n\\nPut the final answer on its own line as: Answer: \\boxed{answer}.' to the last user turn of each held-out prompt that has no 'Answer:' (AMD's run: rl_trainer.py calls _extract_prompt_gt with ensure_answer_format=True); false: the prompt as the data and template make it.")
     samples_per_problem: int = Field(8, ge=1, description="Generations per problem; accuracy is avg@k over them.")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature for evaluation.")
     top_p: float = Field(0.7, gt=0, le=1, description="Nucleus sampling for evaluation.")
