@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import logging
 import random
 import sys
 import tempfile
@@ -32,9 +33,12 @@ import types
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from repro.data.chat_encoding import encode_deepseek_v4
 from repro.data.loaders import load_problems
 from repro.data.recipe_datasets import prompt_messages, prompt_text
+from repro.data.sampler import PromptSampler
 
 DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last line of your response should be of the "
                     "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
@@ -78,15 +82,56 @@ def load_vllm_encoder(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def lumenrl_functions(checkout: Path):
-    """LumenRL's ``_extract_prompt_gt`` (a method, run on a stand-in trainer) with its ``_format_chat_prompt``."""
+def lumenrl_functions(checkout: Path) -> dict[str, Any]:
+    """LumenRL's ``_format_chat_prompt`` and the trainer methods that make prompts and their order
+    (``_extract_prompt_gt``, ``_build_prompt_permutation``, ``_get_prompts_range``), to run on a stand-in trainer."""
     source = (checkout / "lumenrl/trainer/rl_trainer.py").read_text()
     start = source.index("def _format_chat_prompt(")
-    namespace: dict[str, Any] = {"Any": Any}
+    namespace: dict[str, Any] = {"Any": Any, "torch": torch, "logger": logging.getLogger("lumenrl")}
     exec(source[start:source.index("\nclass ", start)], namespace)  # LumenRL's own code, trusted
-    method = source.index("    def _extract_prompt_gt(")
-    exec(textwrap.dedent(source[method:source.index("\n    def ", method + 10)]), namespace)
-    return namespace["_extract_prompt_gt"]
+    for name in ("_extract_prompt_gt", "_build_prompt_permutation", "_get_prompts_range"):
+        method = source.index(f"    def {name}(")
+        exec(textwrap.dedent(source[method:source.index("\n    def ", method + 10)]), namespace)
+    return namespace
+
+
+class NumberedRows:
+    """A dataset of ``rows`` rows made on access (1.79M dicts would not fit): row i's ground truth is i."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return row([user(f"row {index}")], str(index), "order", index)
+
+
+def lumenrl_order(functions: dict[str, Any], rows: int, seed: int, batch: int, steps: int) -> list[list[int]]:
+    """The row indices of LumenRL's first ``steps`` batches over a ``rows``-row file (each row's ground truth is its
+    index), through its own permutation and cursor (``_collect_rollout_batch`` advances the cursor by ``batch``)."""
+    trainer_class = type("Trainer", (), {name: functions[name] for name in
+                                          ("_extract_prompt_gt", "_build_prompt_permutation", "_get_prompts_range")})
+    trainer = trainer_class()
+    trainer._tokenizer = DeepSeekV4TokenizerStandIn()
+    trainer._dataset = NumberedRows(rows)
+    trainer.config = types.SimpleNamespace(reward=types.SimpleNamespace(shuffle=True, shuffle_seed=seed), seed=seed)
+    trainer._build_prompt_permutation()
+    batches = []
+    for step in range(steps):
+        _, truths = trainer._get_prompts_range(step * batch, batch)
+        batches.append([int(t) for t in truths])
+    return batches
+
+
+def repro_order(rows: int, seed: int, batch: int, steps: int) -> list[list[int]]:
+    sampler = PromptSampler(rows, batch, seed, order="randperm")
+    return [sampler.next_batch() for _ in range(steps)]
+
+
+# (rows, seed, prompts per step, steps): DAPO-Math-17K's 1,791,700 rows and its 17,398 distinct problems; 50 wraps
+ORDER_CASES = [(1_791_700, 10086, 32, 3), (17_398, 10086, 32, 3), (50, 10086, 32, 5)]
 
 
 class DeepSeekV4TokenizerStandIn:
@@ -134,7 +179,8 @@ def main() -> None:
     parser.add_argument("--fuzz", type=int, default=20000, help="random conversations to compare (default 20000)")
     args = parser.parse_args()
     digest = load_vllm_encoder(args.encoder)
-    extract = lumenrl_functions(args.checkout)
+    functions = lumenrl_functions(args.checkout)
+    extract = functions["_extract_prompt_gt"]
     trainer = types.SimpleNamespace(_tokenizer=DeepSeekV4TokenizerStandIn())
     recorded, differ = [], 0
     for name, split, data in CASES:
@@ -145,6 +191,14 @@ def main() -> None:
         print(f"{name} ({split}): {verdict}\n  LumenRL: {theirs!r}\n  repro:   {ours!r}")
         recorded.append({"name": name, "split": split, "row": data, "lumenrl_prompt": theirs,
                          "lumenrl_ground_truth": answer})
+    orders = []
+    for rows, seed, batch, steps in ORDER_CASES:
+        theirs_order = lumenrl_order(functions, rows, seed, batch, steps)
+        same = theirs_order == repro_order(rows, seed, batch, steps)
+        differ += not same
+        print(f"prompt order over {rows} rows, seed {seed}, {steps} steps of {batch}: {'same' if same else 'DIFFERS'}; "
+              f"LumenRL's first step: {theirs_order[0][:8]}...")
+        orders.append({"rows": rows, "seed": seed, "batch": batch, "lumenrl_batches": theirs_order})
     if args.record:
         tmp = args.record.with_name(args.record.name + ".tmp")
         tmp.write_text(json.dumps({
@@ -152,13 +206,14 @@ def main() -> None:
                     "split eval), written by benchmarks/lumenrl_prompt_equivalence.py",
             "lumenrl": "ZhangDanyang-AMD/Lumen-RL dev/dsv4-grpo 2232f55, lumenrl/trainer/rl_trainer.py",
             "encoder": f"vLLM 0.25.1 vllm/tokenizers/deepseek_v4_encoding.py, sha256 {digest}",
-            "cases": recorded}, indent=1, ensure_ascii=False) + "\n")
+            "torch": torch.__version__, "cases": recorded, "orders": orders}, indent=1, ensure_ascii=False) + "\n")
         tmp.replace(args.record)
         print(f"recorded {len(recorded)} renderings in {args.record}")
     fuzzed = fuzz(args.fuzz)
     print(f"{args.fuzz} random conversations: {fuzzed} rendered differently")
     if differ or fuzzed:
-        raise SystemExit(f"{differ} of {len(CASES)} prompts and {fuzzed} of {args.fuzz} conversations differ")
+        raise SystemExit(f"{differ} of {len(CASES) + len(ORDER_CASES)} prompts or orders and {fuzzed} of "
+                         f"{args.fuzz} conversations differ")
 
 
 if __name__ == "__main__":

@@ -285,6 +285,8 @@ def test_the_written_config_says_where_lumenrl_ignores_the_recipe(tmp_path):
     (ON_LUMENRL + ["data.train.dedupe=true"], "data.train.dedupe: LumenRL reads every row"),
     (ON_LUMENRL + ["optim.weight_decay_rule=all"], "optim.weight_decay_rule: LumenRL's engine builds megatron's"),
     (ON_LUMENRL + ["data.chat_encoding=none"], "data.chat_encoding: LumenRL formats prompts"),
+    (ON_LUMENRL + ["data.order=epochs"], "data.order: LumenRL reads the rows in one torch.randperm order"),
+    (ON_LUMENRL + ["rollout.requests=per_prompt"], "rollout.requests: LumenRL sends each prompt once per response"),
     (ON_LUMENRL + ["data.eval.template=dapo"], "data.eval.template: LumenRL prompts with the row's messages"),
     (ON_LUMENRL + ["eval.answer_format=false"], "eval.answer_format: LumenRL's evaluation always appends"),
 ])
@@ -298,7 +300,8 @@ def test_the_tiny_recipe_on_lumenrl_names_every_field_at_fault():
     with pytest.raises(RecipeError) as err:
         load_recipe("tiny-cpu", ON_LUMENRL)
     fields = [line.strip().split(":")[0] for line in str(err.value).splitlines()[1:]]
-    assert fields == ["actor.backend", "rollout.backend", "weight_sync.transport", "data.chat_encoding",
+    assert fields == ["actor.backend", "rollout.backend", "weight_sync.transport", "data.order", "rollout.requests",
+                      "data.chat_encoding",
                       "data.train.template", "data.eval.template", "eval.answer_format", "data.train.kind",
                       "data.eval.kind", "model.path"]
 

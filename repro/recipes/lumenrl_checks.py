@@ -51,6 +51,12 @@ def lumenrl_problems(recipe: "Recipe") -> list[str]:
     if not recipe.reward.boxed_fallback:
         problems.append("reward.boxed_fallback: LumenRL's reward always scores the last \\boxed{} of a response "
                         "without an 'Answer:' line (rewards/math_reward.py:97-99)")
+    if recipe.data.order != "randperm":
+        problems.append("data.order: LumenRL reads the rows in one torch.randperm order (rl_trainer.py:1231-1259); "
+                        f"{recipe.data.order!r} is repro's")
+    if recipe.rollout.requests != "per_sample":
+        problems.append("rollout.requests: LumenRL sends each prompt once per response, n=1 (rl_trainer.py:614-627); "
+                        f"{recipe.rollout.requests!r} is repro's")
     if recipe.data.chat_encoding != "auto":
         problems.append(f"data.chat_encoding: LumenRL formats prompts with the tokenizer's chat template, else "
                         f"DeepSeek-V4's encoder (rl_trainer.py:65-85); {recipe.data.chat_encoding!r} is repro's")

@@ -108,6 +108,7 @@ class RolloutConfig(Section):
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (chunked prefill).")
     enforce_eager: bool = Field(True, description="Disable graph capture (AMD/LumenRL run eager).")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature of training rollouts.")
+    requests: Literal["per_sample", "per_prompt"] = Field("per_sample", description="How responses are asked for: per_sample = each prompt sent responses_per_prompt times as n=1 requests, as LumenRL does (AMD's run; each request prefills the prompt itself); per_prompt = one request of n responses per prompt (vLLM prefills the prompt once). Training and evaluation alike; every request is seeded either way (repro.run.steps).")
     logprobs_mode: Literal["raw", "processed"] = Field("raw", description="The rollout's log-prob of each sampled token, which the TIS weights and the mismatch metrics set against the trainer's log_softmax(logits / T): raw = log_softmax(logits) at T = 1, vLLM's default raw_logprobs, which AMD's run used (LumenRL sets no logprobs_mode), so its KL and weights include the temperature; processed = log_softmax(logits / T), the distribution sampled from (vLLM processed_logprobs), the pure rollout/trainer mismatch. Honoured by the vLLM and the embedded engine.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of training rollouts (1 = off).")
     top_k: int = Field(-1, description="Top-k sampling of training rollouts (-1 = off).")
@@ -138,6 +139,7 @@ class DatasetConfig(Section):
 
 
 class DataConfig(Section):
+    order: Literal["randperm", "epochs"] = Field("randperm", description="The training prompts' order: randperm = LumenRL's (AMD's run): torch.randperm over the file's rows from a CPU generator seeded with the recipe's seed, read with a cursor that wraps around the same permutation, so on the same file the prompts are AMD's; epochs = a fresh Python-random permutation per epoch, a batch never crossing an epoch's end (repro.data.sampler). Held-out problems are read in file order either way.")
     chat_encoding: Literal["auto", "deepseek_v4", "chat_template", "none"] = Field("auto", description="How the prompt's messages become the model's text: auto = LumenRL's rule (AMD's run): the tokenizer's chat template if it has one, else DeepSeek-V4's encoder (thinking mode: BOS <｜User｜>... <｜Assistant｜><think>) if the tokenizer knows its turn tokens, else an error; DeepSeek-V4's release has no template, so auto is its encoder; deepseek_v4 / chat_template: that one always; none = BOS + the user turn's text, no turn markers (the tiny model's: its tokenizer has neither). The text is tokenized without added special tokens, as LumenRL does.")
     train: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="dapo_math", path="/dev/shm/datasets/dapo-math-17k/dapo-math-17k.parquet"), description="Training prompts.")
     eval: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="aime_2024", path="/dev/shm/datasets/aime-2024/aime-2024.parquet"), description="Held-out evaluation problems.")

@@ -163,7 +163,7 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
         recipe=recipe, run_dir=run_dir, trainer=trainer, rollout=rollout, tokenizer=tokenizer,
         train_problems=train, train_prompt_ids=recipe_prompt_ids(tokenizer, train, recipe, "train"),
         eval_problems=held_out, eval_prompt_ids=recipe_prompt_ids(tokenizer, held_out, recipe, "eval"),
-        sampler=PromptSampler(len(train), recipe.algorithm.prompts_per_step, recipe.seed),
+        sampler=PromptSampler.for_recipe(recipe, len(train)),
         metrics=MetricsLog(run_dir / "metrics.jsonl"),
         rollouts=(RolloutsDir(run_dir, tokenizer, recipe.rollout_correction.threshold) if recipe.tracking.rollouts
                   else NoRollouts()),

@@ -54,13 +54,27 @@ def sampling_seed(seed: int, step: int, purpose: str) -> int:
     return (seed * 1_000_003 + step * 7919 + (0 if purpose == "train" else 104_729)) % (2**63 - 1)
 
 
+def request_responses(run: Run, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
+    """``params.n`` responses to each prompt, prompt-major, asked for as ``rollout.requests`` says. ``per_sample``
+    sends each prompt n times as n=1 requests, as LumenRL's ``_rollout_with_ray_vllm`` does (rl_trainer.py:614-627
+    at 2232f55), and numbers the responses back into their prompt's group; each request is seeded (the engine's
+    seed + the request's index), where LumenRL's draw from the engine's generator (seeded 10086 + replica)."""
+    n = params.n
+    if run.recipe.rollout.requests == "per_prompt" or n == 1:
+        return run.rollout.generate(prompts, params)
+    result = run.rollout.generate([p for p in prompts for _ in range(n)], replace(params, n=1))
+    grouped = [replace(t, prompt_index=t.prompt_index // n, sample_index=t.prompt_index % n)
+               for t in result.trajectories]
+    return RolloutResult(grouped, result.generated_tokens, result.seconds)
+
+
 def generate_rollouts(run: Run, problems: list[int], step: int) -> RolloutResult:
     r = run.recipe
     params = SamplingParams(
         n=r.algorithm.responses_per_prompt, temperature=r.rollout.temperature, top_p=r.rollout.top_p,
         top_k=r.rollout.top_k, max_new_tokens=r.lengths.max_response, seed=sampling_seed(r.seed, step, "train"),
     )
-    return run.rollout.generate([run.train_prompt_ids[i] for i in problems], params)
+    return request_responses(run, [run.train_prompt_ids[i] for i in problems], params)
 
 
 def score_texts(run: Run, rollout: RolloutResult, ground_truths: list[str]) -> list[RewardResult]:
@@ -192,7 +206,7 @@ def evaluate_and_log(run: Run, step: int) -> dict:
         n=r.eval.samples_per_problem, temperature=r.eval.temperature, top_p=r.eval.top_p,
         max_new_tokens=r.lengths.max_response, seed=sampling_seed(r.seed, step, "eval"),
     )
-    rollout = run.rollout.generate(run.eval_prompt_ids, params)
+    rollout = request_responses(run, run.eval_prompt_ids, params)
     results = score_texts(run, rollout, [p.ground_truth for p in run.eval_problems])
     k = r.eval.samples_per_problem
     correct = [sum(x.acc for x in results[i : i + k]) for i in range(0, len(results), k)]
