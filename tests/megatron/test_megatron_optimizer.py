@@ -153,8 +153,8 @@ def test_gpu_path_takes_the_recipe_config_and_steps_as_the_project_adamw(stand_i
     assert max(gaps) <= 1e-6, gaps
     assert optimizer.lrs == pytest.approx([5e-4, 1e-3, 1e-3])  # our warm-up set on megatron's param groups
     # megatron's rule, as its OptimizerParamScheduler applies it (AMD's run): no decay for biases and 1-D parameters
-    decays = {(group["wd_mult"], group["weight_decay"]) for group in optimizer.param_groups if group["params"]}
-    assert decays == {(0.0, 0.0), (1.0, 0.1)}
+    group_decays = {(g["wd_mult"], g["weight_decay"]) for g in optimizer.param_groups if g["params"]}
+    assert group_decays == {(0.0, 0.0), (1.0, 0.1)}
     one_d = {id(m) for group in optimizer.param_groups if group["wd_mult"] == 0.0 for m in group["params"]}
     assert one_d == {id(m) for m in optimizer.masters if m.dim() == 1} and one_d
     # the CPU lane's AdamW spares exactly the parameters megatron's own grouping does (repro.train.optimizer.decays)

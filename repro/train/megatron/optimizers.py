@@ -143,8 +143,12 @@ class ProjectAdamW:
             load_masters(owned_names, self.inner.master, {name: state[name]["master"] for name in owned_names})
         if adam_step > 0 and self.inner.master:
             step = torch.tensor(adam_step, dtype=torch.float32)
-            moments = {slot: {"step": step.clone(), "exp_avg": state[name]["exp_avg"],
-                              "exp_avg_sq": state[name]["exp_avg_sq"]} for slot, name in enumerate(owned_names)}
+            # torch numbers the state by position across the param groups (one per weight decay), not by name
+            slot_of = {id(p): slot for slot, p in enumerate(p for g in self.inner.optimizer.param_groups
+                                                            for p in g["params"])}
+            moments = {slot_of[id(master)]: {"step": step.clone(), "exp_avg": state[name]["exp_avg"],
+                                             "exp_avg_sq": state[name]["exp_avg_sq"]}
+                       for master, name in zip(self.inner.master, owned_names)}
             groups = self.inner.optimizer.state_dict()["param_groups"]
             self.inner.optimizer.load_state_dict({"state": moments, "param_groups": groups})
 
