@@ -6,7 +6,8 @@ checkout and omegaconf, which LumenRL's package imports).
 Calls ``lumenrl.algorithms.rollout_correction.compute_rollout_correction_weights`` / ``compute_offpolicy_metrics``
 and ``RLTrainer._mismatch_by_response_position`` (that static method is taken from the file's text and run alone,
 so the trainer's heavy imports are not needed), and prints the largest relative difference per key over 20
-batches of growing mismatch. LumenRL computes the position buckets in float32, we in float64.
+batches of growing mismatch, for token-level weights (AMD's) and sequence-level ones. LumenRL computes the position
+buckets in float32, we in float64. A key that one side logs and the other does not stops it (exit status 1).
 """
 
 from __future__ import annotations
@@ -56,21 +57,24 @@ def main() -> None:
     def record(key: str, theirs: float, ours: float) -> None:
         worst[key] = max(worst.get(key, 0.0), abs(ours - theirs) / max(abs(theirs), 1e-12))
 
-    for seed in range(20):
+    for seed, level in ((seed, level) for level in ("token", "sequence") for seed in range(20)):
         old, roll, mask = random_batch(seed)
-        _, theirs = lumen.compute_rollout_correction_weights(old - roll, mask.double(), rollout_is="token",
+        _, theirs = lumen.compute_rollout_correction_weights(old - roll, mask.double(), rollout_is=level,
                                                              rollout_is_threshold=2.0)
         theirs.update({k: float(v) for k, v in lumen.compute_offpolicy_metrics(old, roll, mask.double()).items()})
-        ours = {**is_metrics(old, roll, mask, "token", 2.0), **offpolicy_metrics(old, roll, mask)}
-        for key in sorted(set(theirs) & set(ours)):
-            record(key, theirs[key], ours[key])
+        ours = {**is_metrics(old, roll, mask, level, 2.0), **offpolicy_metrics(old, roll, mask)}
+        if set(theirs) != set(ours):
+            raise SystemExit(f"{level} level: only LumenRL logs {sorted(set(theirs) - set(ours))}, "
+                             f"only repro logs {sorted(set(ours) - set(theirs))}")
+        for key in sorted(theirs):
+            record(f"{level}:{key}" if key.startswith("rollout_is") else key, theirs[key], ours[key])
         theirs_pos, ours_pos = by_position(old, roll, mask), position_metrics(old, roll, mask)
         if set(theirs_pos) != set(ours_pos):
             raise SystemExit(f"position keys differ: {sorted(set(theirs_pos) ^ set(ours_pos))}")
         for key in theirs_pos:
             record("pos_*/" + key.rsplit("/", 1)[1], theirs_pos[key], ours_pos[key])
     for key, value in sorted(worst.items()):
-        print(f"{key:40s} largest relative difference {value:.2e}")
+        print(f"{key:48s} largest relative difference {value:.2e}")
 
 
 if __name__ == "__main__":

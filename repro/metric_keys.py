@@ -35,11 +35,12 @@ IS_FRACTION_HIGH = "rollout_corr/rollout_is_ratio_fraction_high"
 # -- the update (repro.train: verl's actor/* names)
 LOSS = "actor/loss"
 GRAD_NORM = "actor/grad_norm"              # global norm before clipping
-ENTROPY = "actor/entropy"
+ENTROPY = "actor/entropy"                  # every response token of the step's rows, from pi_old's pass (LumenRL's)
+ENTROPY_NONZERO_ADV = "actor/entropy_nonzero_adv"  # only the rows the update forwards (advantage != 0)
 LR = "actor/lr"
 PG_CLIPFRAC = "actor/pg_clipfrac"
 PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
-PPO_KL = "actor/ppo_kl"
+PPO_KL = "actor/ppo_kl"                    # mean(old - new) over every kept token; skipped rows count as 0
 ROWS_SKIPPED_ZERO_ADV = "actor/num_rows_skipped_zero_adv"  # a count: summed over a step's updates
 MICRO_BATCHES = "actor/micro_batches"                      # a count: summed over a step's updates
 

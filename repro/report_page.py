@@ -25,6 +25,7 @@ from repro.analysis.frame import METRICS_FILE, RECIPE_FILE, MetricsError, RunFra
 from repro.analysis.report import render_report
 from repro.analysis.sources import default_output_dir, load_sources
 from repro.errors import ReproError
+from repro.reference import published_run
 from repro.analysis.plots import FIGURES, figure_bytes
 
 REPORT_DIR = "report"
@@ -138,9 +139,10 @@ def _links_html(links: list[Link]) -> str:
 
 
 def render_page(sources: list[RunFrames], figures: dict[str, str], missing: dict[str, str],
-                notebooks: dict[str, list[Link]], records: dict[str, list[Link]]) -> str:
-    """The page: the Markdown report (tables, caveats, derived figures), the figures, notebooks and raw records."""
-    markdown = render_report(sources)
+                notebooks: dict[str, list[Link]], records: dict[str, list[Link]], reference: str = "amd") -> str:
+    """The page: the Markdown report against ``reference`` (tables, caveats, derived figures), the figures,
+    notebooks and raw records."""
+    markdown = render_report(sources, reference)
     title = markdown.splitlines()[0].removeprefix("# ")  # the report's own heading: "<run>: comparison with AMD's ..."
     parts = [render_markdown(markdown), "<h2>Figures</h2>"]
     for name, uri in figures.items():
@@ -169,10 +171,12 @@ def render_page(sources: list[RunFrames], figures: dict[str, str], missing: dict
             f"</body>\n</html>\n")
 
 
-def write_report_page(sources, out_dir: str | Path | None = None, **source_options) -> Path:
+def write_report_page(sources, out_dir: str | Path | None = None, reference: str = "amd", **source_options) -> Path:
     """Load the sources (run sources or frames, one or a list), build the report folder and return its index.html.
-    ``out_dir`` defaults to ``<first repro run>/report`` (else runs/compare/report). A source that cannot be read
-    raises before anything is written."""
+    ``out_dir`` defaults to ``<first repro run>/report`` (else runs/compare/report); ``reference``: the published run
+    the tables set them beside (repro.reference.PUBLISHED; AMD's by default). A source that cannot be read, or an
+    unknown reference, raises before anything is written."""
+    published_run(reference)
     frames = load_sources(sources, **source_options)
     final = Path(out_dir) if out_dir is not None else default_output_dir(frames) / REPORT_DIR
     if final.exists() and not final.is_dir():
@@ -182,7 +186,7 @@ def write_report_page(sources, out_dir: str | Path | None = None, **source_optio
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _build(frames, tmp, final)
+        _build(frames, tmp, final, reference)
         if final.exists():
             final.rename(old)
         try:
@@ -199,7 +203,7 @@ def write_report_page(sources, out_dir: str | Path | None = None, **source_optio
     return final / PAGE
 
 
-def _build(frames: list[RunFrames], tmp: Path, final: Path) -> None:
+def _build(frames: list[RunFrames], tmp: Path, final: Path, reference: str = "amd") -> None:
     """Write the page and the notebooks' HTML into ``tmp``, with links as they will read from ``final``."""
     figures, missing = embedded_figures(frames)
     for name, why in missing.items():
@@ -218,4 +222,4 @@ def _build(frames: list[RunFrames], tmp: Path, final: Path) -> None:
             notebooks[f.label].append(Link(path.stem, _href(final / page.relative_to(tmp), final)))
         records[f.label] = raw_records(f, final)
     tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / PAGE).write_text(render_page(frames, figures, missing, notebooks, records), encoding="utf-8")
+    (tmp / PAGE).write_text(render_page(frames, figures, missing, notebooks, records, reference), encoding="utf-8")

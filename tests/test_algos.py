@@ -21,6 +21,7 @@ from repro.algos import (
     grpo_advantages,
     logprobs_from_logits,
     ppo_clip_loss,
+    response_token_mean,
     rollout_corr_metrics,
     rollout_is_weights,
 )
@@ -193,6 +194,17 @@ def test_logprobs_with_temperature_exact():
     assert torch.allclose(got, torch.log(t([expected])).float(), atol=1e-6)
     with pytest.raises(AlgoShapeError, match="token_ids"):
         logprobs_from_logits(logits, torch.tensor([[2]]))
+
+
+def test_response_token_mean_weighs_tokens_not_rows():
+    """LumenRL's entropy: Σ H·mask / Σ mask over the batch; a row of 1 token and a row of 3 weigh 1 : 3."""
+    values = t([[9.0, 1.0, 0.0, 0.0], [2.0, 2.0, 5.0, 99.0]])
+    mask = torch.tensor([[0, 1, 0, 0], [1, 1, 1, 0]])
+    assert response_token_mean(values, mask) == pytest.approx((1 + 2 + 2 + 5) / 4, abs=1e-15)  # rows' means: 1, 3
+    with pytest.raises(AlgoShapeError, match="no valid token"):
+        response_token_mean(values, torch.zeros_like(mask))
+    with pytest.raises(AlgoShapeError, match="shape mismatch"):
+        response_token_mean(values, mask[:, :3])
 
 
 def test_entropy_exact_stable_and_chunked():

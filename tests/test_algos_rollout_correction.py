@@ -181,6 +181,29 @@ def test_is_metrics_sequence_level_exact():
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx((mean_t + 1e-8) ** 2 / second_t, abs=1e-12)
 
 
+@pytest.mark.parametrize(
+    "mode, threshold, expected",
+    [
+        # token, C = 2: raw ρ row 0 [4, .5] -> truncated [2, .5], s_0 = 1.25, r_0 = 2.25 > 2; row 1 [.25]: s_1 = .25,
+        # r_1 = .25 < 1/2. Sample std of [1.25, .25] (n - 1 = 1): sqrt(.5**2 + .5**2)
+        ("token", 2.0, {"mean": 0.75, "std": math.sqrt(0.5), "max": 1.25, "min": 0.25, "max_deviation": 0.75,
+                        "fraction_high": 0.5, "fraction_low": 0.5}),
+        # sequence, C = 1.5: raw products [2, .25] -> [1.5, .25] on every token of the row; lower = 2/3
+        ("sequence", 1.5, {"mean": 0.875, "std": 0.625 * math.sqrt(2), "max": 1.5, "min": 0.25,
+                           "max_deviation": 0.75, "fraction_high": 0.5, "fraction_low": 0.5}),
+    ],
+)
+def test_is_metrics_per_sequence_exact(mode, threshold, expected):
+    """LumenRL's rollout_is_seq_*: per-sequence mean of the used weights s_b, and of the raw weights r_b."""
+    m = rollout_corr_metrics(M_OLD, M_ROLL, M_MASK, mode, threshold=threshold)
+    got = {k.removeprefix("rollout_corr/rollout_is_seq_"): v for k, v in m.items() if "rollout_is_seq_" in k}
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-12), key
+    one_row = rollout_corr_metrics(M_OLD[:1], M_ROLL[:1], M_MASK[:1], mode, threshold=threshold)
+    assert one_row["rollout_corr/rollout_is_seq_std"] == 0.0  # LumenRL's guard: one sequence has no spread
+
+
 def test_mismatch_by_position_uses_lumenrls_buckets_and_k3_clamp():
     """Positions count a row's valid tokens; bucket edges 128/512/1024/2048/4096; a token past 4,095 is in none;
     the per-bucket k3 clamps log ρ at ±10 (LumenRL's), so a token with log ρ = 12 adds e^10 - 12 - 1."""

@@ -127,3 +127,33 @@ def test_old_logprobs_from_the_update_are_refused_where_they_would_be_stale(base
     assert old_logprobs_from_update(recipe)
     assert not old_logprobs_from_update(load_recipe("tiny-cpu", ["actor.old_logprobs_from_update=false"]))
     assert not old_logprobs_from_update(load_recipe("tiny-cpu", ["algorithm.updates_per_step=2"]))
+
+
+def test_weight_decay_rule_spares_biases_and_1d_parameters():
+    """megatron-core's rule (AMD's run, through LumenRL's OptimizerParamScheduler): no decay for a name ending in
+    '.bias' or a 1-D parameter. With zero gradients AdamW's step is the decay alone: p <- p (1 - lr wd)."""
+    from repro.train.optimizer import MasterAdamW, adamw_groups
+
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(3, 2)           # weight [2, 3] decays, bias [2] does not
+    model.norm = torch.nn.LayerNorm(3)           # weight and bias [3]: 1-D, no decay
+    model.scale = torch.nn.Parameter(torch.ones(4))  # 1-D, no decay
+    model.table = torch.nn.Parameter(torch.ones(2, 2, 2))  # 3-D, decays
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    lr, wd = 0.5, 0.1
+    for rule, decayed in (("megatron", {"proj.weight", "table"}), ("all", set(before))):
+        for name, p in model.named_parameters():
+            p.data.copy_(before[name])
+        opt = MasterAdamW(model, OptimConfig(lr=lr, weight_decay=wd, weight_decay_rule=rule))
+        opt.zero_grad()
+        assert opt.step(lr) == 0.0
+        for name, p in model.named_parameters():
+            factor = 1 - lr * wd if name in decayed else 1.0
+            torch.testing.assert_close(p.detach(), before[name] * factor, rtol=0, atol=1e-7, msg=f"{rule}: {name}")
+    names = [n for n, _ in model.named_parameters()]
+    params = [p for _, p in model.named_parameters()]
+    megatron = adamw_groups(names, params, OptimConfig(weight_decay=wd))
+    # groups in first-use order: the module's own parameters (scale, table) come before its children's
+    assert [(g["weight_decay"], len(g["params"])) for g in megatron] == [(0.0, 4), (wd, 2)]
+    # no decay at all: one group, the layout AdamW with a single weight_decay builds (checkpoints stay compatible)
+    assert len(adamw_groups(names, params, OptimConfig(weight_decay=0.0))) == 1

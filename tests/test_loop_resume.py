@@ -31,7 +31,10 @@ def open_in_process(recipe, run_dir, resume=False):
 SMALL = [
     "steps=4", "algorithm.prompts_per_step=8", "eval.every_steps=2", "checkpoint.every_steps=2",
     "checkpoint.keep_last=3", "lengths.max_response=12", "eval.samples_per_problem=2",
+    "data.order=randperm", "rollout.requests=per_sample",  # AMD's (LumenRL's) order and requests, resumed too
 ]
+SEQUENCE_IS_KEYS = [f"rollout_corr/rollout_is_seq_{k}" for k in
+                    ("mean", "std", "max", "min", "max_deviation", "fraction_high", "fraction_low")]
 WALL_CLOCK = ("timing_s/", "perf/rollout_tokens_per_s", "weight_sync/gbps", "weight_sync/seconds")
 
 
@@ -60,8 +63,13 @@ def test_uninterrupted_run_logs_every_step_and_eval(uninterrupted):
                 "rollout_corr/rollout_is_eff_sample_size", "actor/loss", "actor/grad_norm", "actor/entropy",
                 "actor/pg_clipfrac", "response_length/mean", "response_length/max", "response_length/clip_ratio",
                 "perf/rollout_tokens_per_s", "weight_sync/gbps", "timing_s/rollout", "timing_s/reward",
-                "timing_s/update", "timing_s/sync", "timing_s/step"):
+                "timing_s/update", "timing_s/sync", "timing_s/step", "actor/entropy_nonzero_adv", *SEQUENCE_IS_KEYS):
         assert key in train_row, key
+    seq = {k.rsplit("_seq_", 1)[1]: train_row[k] for k in SEQUENCE_IS_KEYS}
+    print("\nstep 1:", {k: round(v, 6) for k, v in seq.items()}, "actor/entropy", round(train_row["actor/entropy"], 6),
+          "actor/entropy_nonzero_adv", round(train_row["actor/entropy_nonzero_adv"], 6))
+    assert seq["min"] <= seq["mean"] <= seq["max"] <= 2.0 and 0 <= seq["fraction_high"] <= 1
+    assert seq["max_deviation"] == pytest.approx(max(seq["max"] - 1, 1 - seq["min"]))
     assert "timing_s/old_logprob" not in train_row  # pi_old came from the update's own forward (one update/step)
     assert train_row["critic/score/mean"] == pytest.approx(2 * train_row["reward/accuracy"] - 1)
     assert rows[0]["eval/num_problems"] == 30 and len(rows[0]["eval/correct_counts"]) == 30

@@ -283,6 +283,12 @@ def test_the_written_config_says_where_lumenrl_ignores_the_recipe(tmp_path):
     (ON_LUMENRL + ["algorithm.adv_std=sample"], "algorithm.adv_std: LumenRL's grpo estimator divides by the population"),
     (ON_LUMENRL + ["reward.boxed_fallback=false"], "reward.boxed_fallback: LumenRL's reward always scores"),
     (ON_LUMENRL + ["data.train.dedupe=true"], "data.train.dedupe: LumenRL reads every row"),
+    (ON_LUMENRL + ["optim.weight_decay_rule=all"], "optim.weight_decay_rule: LumenRL's engine builds megatron's"),
+    (ON_LUMENRL + ["data.chat_encoding=none"], "data.chat_encoding: LumenRL formats prompts"),
+    (ON_LUMENRL + ["data.order=epochs"], "data.order: LumenRL reads the rows in one torch.randperm order"),
+    (ON_LUMENRL + ["rollout.requests=per_prompt"], "rollout.requests: LumenRL sends each prompt once per response"),
+    (ON_LUMENRL + ["data.eval.template=dapo"], "data.eval.template: LumenRL prompts with the row's messages"),
+    (ON_LUMENRL + ["eval.answer_format=false"], "eval.answer_format: LumenRL's evaluation always appends"),
 ])
 def test_what_lumenrl_cannot_run_is_refused_naming_the_field(overrides, expected):
     with pytest.raises(RecipeError) as err:
@@ -294,8 +300,10 @@ def test_the_tiny_recipe_on_lumenrl_names_every_field_at_fault():
     with pytest.raises(RecipeError) as err:
         load_recipe("tiny-cpu", ON_LUMENRL)
     fields = [line.strip().split(":")[0] for line in str(err.value).splitlines()[1:]]
-    assert fields == ["actor.backend", "rollout.backend", "weight_sync.transport", "data.train.kind", "data.eval.kind",
-                      "model.path"]
+    assert fields == ["actor.backend", "rollout.backend", "weight_sync.transport", "data.order", "rollout.requests",
+                      "data.chat_encoding",
+                      "data.train.template", "data.eval.template", "eval.answer_format", "data.train.kind",
+                      "data.eval.kind", "model.path"]
 
 
 def test_the_repro_engine_ignores_the_lumenrl_section():

@@ -90,7 +90,7 @@ def test_mismatch_plots_k1_and_k3_labelled_with_amd_step75(frames):
     assert (k1.get_label(), k1.get_linestyle()) == ("run0: k1 rollout_corr/kl (can be < 0)", "-")
     assert (k3.get_label(), k3.get_linestyle()) == ("run0: k3 rollout_corr/k3_kl (≥ 0)", "--")
     assert (amd_kl.get_xdata()[0], amd_kl.get_ydata()[0]) == (75, 0.4706)
-    assert "estimator not stated" in amd_kl.get_label() and zero.get_ydata()[0] == 0.0
+    assert "k1 0.4706" in amd_kl.get_label() and zero.get_ydata()[0] == 0.0
     np.testing.assert_array_equal(ax_ess.lines[0].get_ydata(),
                                   frames.train["rollout_corr/rollout_is_eff_sample_size"].to_numpy())
     assert (ax_ess.lines[1].get_xdata()[0], ax_ess.lines[1].get_ydata()[0]) == (75, 0.791)

@@ -126,7 +126,7 @@ def test_the_report_of_three_sources(tmp_path, three):
     for heading in ("## Side by side", "## short: metric by metric", "## lumenrl: metric by metric",
                     "## wandb: metric by metric", "## Where the numbers are not AMD's quantity"):
         assert heading in text
-    assert "`rollout_corr/kl` is the k1 estimator" in text and "AMD's post does not say which estimator" in text
+    assert "`rollout_corr/kl` is the k1 estimator" in text and "AMD's 0.4706 is k1" in text
     assert not list(tmp_path.glob(".*.tmp"))
 
 

@@ -6,7 +6,9 @@ import random
 import pytest
 import torch
 
+from repro import REPO_DIR
 from repro.run.checkpoints import driver_rng_state, latest_checkpoint, list_checkpoints, restore_driver_rng, save_checkpoint
+from repro.data.recipe_datasets import load_dataset
 from repro.data.sampler import PromptSampler
 from repro.errors import ReproError, TornLineWarning
 from repro.run.metrics_log import MetricsLog
@@ -111,3 +113,44 @@ def test_run_dir_checks_fail_before_step_one(tmp_path, monkeypatch):
     with pytest.raises(ReproError, match="already holds a run .*pass --resume"):
         prepare_run_dir(recipe, tmp_path / "run", resume=False)
     prepare_run_dir(recipe, tmp_path / "run", resume=True)
+
+
+RECORDED = json.loads((REPO_DIR / "tests/data/lumenrl/prompt_renderings.json").read_text())
+
+
+@pytest.mark.parametrize("case", RECORDED["orders"], ids=lambda c: f"{c['rows']}rows")
+def test_randperm_order_is_lumenrls(case):
+    """LumenRL's own _build_prompt_permutation/_get_prompts_range (2232f55), recorded by
+    benchmarks/lumenrl_prompt_equivalence.py: the same row indices step by step, the 50-row file wrapping mid-batch
+    into the same permutation again."""
+    sampler = PromptSampler(case["rows"], case["batch"], case["seed"], order="randperm")
+    assert [sampler.next_batch() for _ in case["lumenrl_batches"]] == case["lumenrl_batches"]
+
+
+def test_randperm_resumes_and_refuses_another_orders_state():
+    sampler = PromptSampler(50, 32, seed=10086, order="randperm")
+    first = sampler.next_batch()
+    assert sampler.state() == {"order": "randperm", "cursor": 32, "seed": 10086, "num_problems": 50}
+    resumed = PromptSampler(50, 32, seed=10086, order="randperm")
+    resumed.load_state(sampler.state())
+    assert resumed.next_batch() == sampler.next_batch() and first != resumed.next_batch()
+    with pytest.raises(ValueError, match="sampler state is in data.train.order 'epochs', this run has 'randperm'"):
+        PromptSampler(50, 32, seed=10086, order="randperm").load_state(PromptSampler(50, 32, seed=10086).state())
+    with pytest.raises(ValueError, match="data.train.order must be one of"):
+        PromptSampler(50, 32, seed=1, order="shuffled")
+
+
+def test_the_amd_recipes_first_step_prompts_are_amds_on_the_same_file(tmp_path):
+    """A file whose row order is known (row i asks 'row i'), as many rows as DAPO-Math-17K has problems: the AMD
+    recipe's loader and sampler pick, for step 1, the 32 rows LumenRL's code picks over the same file."""
+    case = next(c for c in RECORDED["orders"] if c["rows"] == 17_398)
+    path = tmp_path / "dapo-math-17k.jsonl"
+    with path.open("w") as out:
+        for i in range(case["rows"]):
+            out.write(json.dumps({"data_source": "math_dapo", "prompt": [{"role": "user", "content": f"row {i}"}],
+                                  "reward_model": {"ground_truth": str(i)}, "extra_info": {"index": i}}) + "\n")
+    recipe = load_recipe("amd-dsv4-flash-mi308x", [f"data.train.path={path}"])
+    problems = load_dataset(recipe.data.train, tmp_path)
+    sampler = PromptSampler.for_recipe(recipe, len(problems))
+    first_step = [problems[i].problem for i in sampler.next_batch()]
+    assert first_step == [f"row {i}" for i in case["lumenrl_batches"][0]]

@@ -142,14 +142,29 @@ def test_train_step_changes_parameters_and_router_gets_gradient(model, trainer_f
     no_gradient = {name for name, grad in grads.items() if float(grad.abs().max()) == 0}
     assert all(".indexer." in name for name in no_gradient), sorted(no_gradient)
     assert set(gate_names(model)) | (set(parameters) - no_gradient) <= set(changed)
-    expected_keys = {"actor/loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+    expected_keys = {"actor/loss", "actor/grad_norm", "actor/entropy_nonzero_adv", "actor/pg_clipfrac",
+                     "actor/pg_clipfrac_lower",
                      "actor/ppo_kl", "actor/lr", "actor/num_rows_skipped_zero_adv", "actor/micro_batches"}
     assert expected_keys <= metrics.keys()
     assert all(math.isfinite(v) for v in metrics.values())
     assert metrics["actor/num_rows_skipped_zero_adv"] == 4 and metrics["actor/lr"] == 1e-3
     assert metrics["actor/micro_batches"] >= 2
-    assert metrics["actor/grad_norm"] > 0 and metrics["actor/entropy"] > 0
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/entropy_nonzero_adv"] > 0
+    assert "actor/entropy" not in metrics  # every row's entropy is the loop's, from pi_old (repro.run.steps)
     assert trainer.step == 1
+
+
+def test_ppo_kl_is_a_mean_over_every_token_of_the_update(model, trainer_factory):
+    """LumenRL's ppo_kl: sum(old - new) over every response token of the update / their count. With pi_old set
+    0.1 below the current log-probs everywhere, each forwarded token adds -0.1; the four zero-advantage rows are
+    not forwarded and add 0 (in a run their pi_old is these very weights' log-probs) but count in the mean."""
+    batch = make_batch(model)
+    trainer = trainer_factory(model)
+    batch.old_logprobs = torch.where(batch.response_mask, trainer.logprobs(batch).logprobs - 0.1, 0.0)
+    metrics = trainer.train_step(batch)
+    tokens = batch.response_mask.sum(dim=1).double()
+    forwarded = tokens[torch.tensor(ADVANTAGES) != 0].sum()
+    assert metrics["actor/ppo_kl"] == pytest.approx(-0.1 * float(forwarded / tokens.sum()), rel=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])

@@ -5,12 +5,12 @@ policy_loss         PPO-clip with clip-higher and dual-clip; agg_loss    (Schulm
 rollout_correction  decoupled truncated / masked importance weights      (Yao et al. 2025)
 metrics             rollout_corr/* mismatch metrics: LumenRL's keys and definitions, verl's variants, by position;
                     per sequence (the rollouts on disk)
-logits              log-probs and entropy under the sampling temperature
+logits              log-probs and entropy under the sampling temperature; their mean over response tokens
 """
 
 from repro.algos.shapes import AlgoShapeError
 from repro.algos.advantages import GroupAdvantages, broadcast_to_tokens, grpo_advantages
-from repro.algos.logits import entropy_from_logits, logprobs_from_logits
+from repro.algos.logits import entropy_from_logits, logprobs_from_logits, response_token_mean
 from repro.algos.metrics import (SequenceMismatch, is_metrics, offpolicy_metrics, position_metrics, rollout_corr_metrics,
                                 sequence_mismatch, verl_is_metrics)
 from repro.algos.policy_loss import LOSS_AGG_MODES, LossAggMode, PolicyLoss, agg_loss, ppo_clip_loss
@@ -42,6 +42,7 @@ __all__ = [
     "offpolicy_metrics",
     "position_metrics",
     "ppo_clip_loss",
+    "response_token_mean",
     "rollout_corr_metrics",
     "rollout_is_weights",
     "sequence_mismatch",

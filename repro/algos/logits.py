@@ -68,3 +68,22 @@ def entropy_from_logits(
     if chunk_size is None or chunk_size >= logits.shape[1]:
         return one(logits)
     return torch.cat([one(block) for block in logits.split(chunk_size, dim=1)], dim=1)
+
+
+def response_token_mean(values: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """Σ values·mask / Σ mask over every response token of the batch (LumenRL's ``entropy``: the token-weighted
+    mean over all rows, not a mean of per-row means).
+
+    Args:
+        values: [B, T] (e.g. entropies of π_old). response_mask: [B, T] bool/0-1 with at least one valid token.
+    Returns:
+        a python float, accumulated in float64.
+    """
+    require_rank("values", values, 2)
+    if values.shape != response_mask.shape:
+        raise AlgoShapeError(
+            f"shape mismatch: values {tuple(values.shape)}, response_mask {tuple(response_mask.shape)}")
+    mask = response_mask.double()
+    if float(mask.sum()) == 0:
+        raise AlgoShapeError(f"response_mask {tuple(response_mask.shape)} has no valid token")
+    return float((values.detach().double() * mask).sum() / mask.sum())

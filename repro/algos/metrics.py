@@ -31,6 +31,12 @@ truncated at C, or zeroed where a ``*_mask`` mode rejects), per token; the raw w
   rollout_corr/rollout_is_std             population std of w over valid tokens (0 for a single token)
   rollout_corr/rollout_is_eff_sample_size 1 / E_tok[(w / (E_tok[w] + 1e-8))²]: the weights clamped to [0, C]
   rollout_corr/rollout_rs_masked_fraction ``*_mask`` modes only: share of valid tokens rejected
+Per sequence (LumenRL's ``rollout_is_seq_*``): s_b = mean_t w over the sequence's valid tokens, r_b = mean_t of the
+raw weight (ρ_t, or Π_t ρ_t broadcast), over the sequences with n_b > 0:
+  rollout_corr/rollout_is_seq_mean|max|min     E_seq[s], max_b s_b, min_b s_b
+  rollout_corr/rollout_is_seq_std              sample std of s (n - 1, as torch.std; 0 for one sequence)
+  rollout_corr/rollout_is_seq_max_deviation    max_b |s_b - 1|
+  rollout_corr/rollout_is_seq_fraction_high|low  share of sequences with r_b > C (< lower)
 
 verl's variants (``verl_is_metrics``, logged under ``rollout_corr_verl/`` when the recipe asks): mean, max and min
 of the raw weights (only the ±20 log clamp), std and ESS of the raw weights clamped to [lower, C]. For the same
@@ -160,11 +166,30 @@ def is_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask
         "rollout_is_std": _std(w, mask),
         "rollout_is_eff_sample_size": 1.0 / _tok_mean(w_norm.square(), mask),
     }
+    raw = torch.exp(clamped_log_ratio(old, roll, mask, level)) * mask
     if mode.endswith("_mask"):
-        raw = torch.exp(clamped_log_ratio(old, roll, mask, level))
         outside = (raw < lower) | (raw > threshold)
         out["rollout_rs_masked_fraction"] = _tok_mean(outside.double(), mask)
+    out.update(_sequence_weight_metrics(weights, raw, mask, threshold, lower))
     return out
+
+
+def _sequence_weight_metrics(weights: torch.Tensor, raw: torch.Tensor, mask: torch.Tensor, threshold: float,
+                             lower: float) -> dict[str, float]:
+    """LumenRL's ``rollout_is_seq_*`` (module docstring) from [B, T] used weights, raw weights and float mask."""
+    n_b = mask.sum(-1)
+    rows = n_b > 0
+    seq_w = ((weights * mask).sum(-1) / n_b.clamp(min=1))[rows]
+    seq_raw = ((raw * mask).sum(-1) / n_b.clamp(min=1))[rows]
+    return {
+        "rollout_is_seq_mean": float(seq_w.mean()),
+        "rollout_is_seq_std": float(seq_w.std()) if seq_w.numel() > 1 else 0.0,
+        "rollout_is_seq_max": float(seq_w.max()),
+        "rollout_is_seq_min": float(seq_w.min()),
+        "rollout_is_seq_max_deviation": float((seq_w - 1.0).abs().max()),
+        "rollout_is_seq_fraction_high": float((seq_raw > threshold).double().mean()),
+        "rollout_is_seq_fraction_low": float((seq_raw < lower).double().mean()),
+    }
 
 
 def verl_is_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor,

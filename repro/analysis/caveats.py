@@ -3,7 +3,7 @@
 AMD's published numbers: reward accuracy per 25-step phase of a 75-step run; AIME-2024 avg@8 (30 problems) at the
 start and at step 75 (the start is the evaluation after step 1: LumenRL never evaluates before the first update, see
 repro/reference); rollout throughput as generated tokens/s of the whole 8-GPU rollout node; KL and ESS at step 75
-(the post does not say which KL estimator). Each function returns the sentences for one source; ``source_notes`` all.
+(k1, the estimator LumenRL logs as ``rollout_corr/kl``). Each function returns the sentences for one source; ``source_notes`` all.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ LUMENRL_RECIPROCAL_KEYS = ("mismatch/k3_kl", "mismatch/chi2_token", "mismatch/ch
 KL_ESTIMATORS = (f"`{KL}` is the k1 estimator, the mean of log π_rollout − log π_trainer over response tokens: "
                  "unbiased but noisy, and negative when the noise outweighs the gap; "
                  f"`{K3_KL}` is k3, the mean of ρ − log ρ − 1 with ρ = π_trainer/π_rollout, never negative. "
-                 "AMD's post does not say which estimator its 0.4706 is; the tables set it beside k1.")
+                 "AMD's 0.4706 is k1: LumenRL logs `rollout_corr/kl` as the per-token mean of log π_rollout − "
+                 "log π_trainer (rollout_correction.py:399 at 2232f55; rl_trainer.py:4102–4105 replaces it with the "
+                 "token-weighted mean over the whole batch), so the tables set it beside k1.")
 
 
 def _steps(values) -> str:

@@ -143,7 +143,7 @@ def _mismatch_rows(frames: RunFrames) -> list[dict]:
     specs = ((KL, "kl", "train-rollout KL, k1 estimator, end", amd_value("kl_train_rollout_step75"),
               "k1 can be negative"),
              (K3_KL, "kl", "train-rollout KL, k3 estimator, end", NAN,
-              "k3 is never negative; AMD's post does not say which estimator its 0.4706 is"),
+              "k3 is never negative; AMD's 0.4706 is k1 (LumenRL's rollout_corr/kl), the row above"),
              (ESS, "fraction", "effective sample size, end", amd_value("ess_step75"), ""))
     mark = LOGPROB_MARKS.get(rollout_logprobs(frames), "")
     rows = []

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 
 from repro.algos import logprobs_from_logits, rollout_corr_metrics
 from repro.algos.metrics import position_metrics
-from repro.data.recipe_datasets import load_dataset, prompt_ids
+from repro.data.recipe_datasets import load_dataset, recipe_prompt_ids
 from repro.metric_keys import position_buckets, position_key
 from repro.model.hf_folder import load_checkpoint
 from repro.model.routing import RoutingRecorder
@@ -113,7 +113,7 @@ def recipe_prompts(recipe: Recipe, tokenizer, count: int, seed: int) -> list[lis
         problems = load_dataset(recipe.data.train, data_dir, seed=seed)[:count]
     if len(problems) < count:
         raise ValueError(f"recipe {recipe.name!r}: {len(problems)} training problems, the study asks for {count}")
-    return [prompt_ids(tokenizer, p, recipe.data.train.template) for p in problems]
+    return recipe_prompt_ids(tokenizer, problems, recipe, "train")
 
 
 def sample_fixed_batch(recipe: Recipe, model, tokenizer, trainer: EmbeddedTrainer, prompts: int, n: int,

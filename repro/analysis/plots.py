@@ -208,7 +208,7 @@ def plot_rollout_throughput(sources: Sources) -> Figure:
 def plot_train_rollout_mismatch(sources: Sources) -> Figure:
     """Train-rollout KL (k1 solid, k3 dashed; LumenRL's ``mismatch/k3_kl`` dotted where a source has it -- LumenRL's
     FSDP loss logs it, its DeepSeek-V4 Megatron path does not) and importance-sampling ESS per step for each source,
-    with AMD's step-75 values (0.4706, estimator not stated; 79.1%)."""
+    with AMD's step-75 values (0.4706, k1 as LumenRL logs ``rollout_corr/kl``; 79.1%)."""
     sources = _as_list(sources)
     with styled():
         fig, (ax_kl, ax_ess) = _new_figure(nrows=2, sharex=True)
@@ -226,7 +226,7 @@ def plot_train_rollout_mismatch(sources: Sources) -> Figure:
                 ess = frames.require(ESS)
                 ax_ess.plot(ess.index, ess.to_numpy(), color=colour, label=f"{frames.label}: rollout IS ESS")
         ax_kl.plot([75], [amd_value("kl_train_rollout_step75")], "D", color=AMD_COLOUR,
-                   label="AMD, step 75: 0.4706 (estimator not stated)")
+                   label="AMD, step 75: k1 0.4706")
         ax_kl.axhline(0.0, color="#888888", lw=0.8)  # k1 below this line is noise outweighing the gap
         ax_kl.set(ylabel="KL(rollout ‖ trainer)", title="Training–rollout mismatch")
         ax_ess.plot([75], [amd_value("ess_step75")], "D", color=AMD_COLOUR, label="AMD, step 75: 79.1%")

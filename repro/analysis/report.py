@@ -10,9 +10,10 @@ import pandas as pd
 
 from repro.analysis import caveats, summary
 from repro.analysis.compare import AMD_STEPS, compare_to_amd
+from repro.analysis.compare_published import compare_to_published
 from repro.analysis.formats import fmt
 from repro.analysis.frame import STEP_SECONDS, RunFrames
-from repro.reference import amd_facts
+from repro.reference import PublishedRun, amd_facts, published_run
 
 TITLE = "comparison with AMD's DeepSeek-V4-Flash RL run (24 x MI308X)"
 BANDS = ("Noise bands: phase means use the run's single-step spread / √n (×1.96); held-out accuracy uses a "
@@ -51,9 +52,10 @@ def value_cell(row) -> str:
     return fmt(row.run, row.quantity) + (f" (step {int(row.step)})" if _step_shown(row) else "")
 
 
-def comparison_markdown(table: pd.DataFrame) -> str:
-    """One source's long table: metric | AMD | this run | difference | noise band | inside | note."""
-    lines = ["| metric | AMD | this run | difference | noise band | inside | note |", "|---|---|---|---|---|---|---|"]
+def comparison_markdown(table: pd.DataFrame, reference: str = "AMD") -> str:
+    """One source's long table: metric | AMD (or ``reference``) | this run | difference | noise band | inside | note."""
+    lines = [f"| metric | {reference} | this run | difference | noise band | inside | note |",
+             "|---|---|---|---|---|---|---|"]
     for r in table.itertuples(index=False):
         band = r.band if _is_nan(r.band_low) else (f"{fmt(r.band_low, r.quantity)} – {fmt(r.band_high, r.quantity)} "
                                                    f"({r.band})")
@@ -103,8 +105,31 @@ def _sources_table(sources: list[RunFrames]) -> list[str]:
     return lines
 
 
-def render_report(sources: RunFrames | list[RunFrames]) -> str:
+def published_report(sources: list[RunFrames], reference: PublishedRun) -> str:
+    """The report against another published run: what it was, its caveats, and each source's rows."""
+    parts = [f"# {', '.join(f.label for f in sources)}: comparison with {reference.title}", "",
+             f"Reference: {reference.source}, <{reference.url}>. AMD's run is the suite's default reference "
+             "(`repro compare` without `--reference`).", "", "## The reference run, in its own words", ""]
+    parts += [f"- \"{s}\"" if not s.startswith("launch command") else f"- {s}" for s in reference.setup] + [""]
+    cpu = [f.label for f in sources if (hw := summary.hardware(f)) is not None and hw.gpus == 0]
+    if cpu:
+        who = f"{', '.join(cpu)} {'is' if len(cpu) == 1 else 'are'}"
+        parts += ["> " + CPU_CAVEAT.format(who=who).replace("AMD's recipe", "the recipe")
+                  .replace("AMD's numbers", "the reference's numbers").replace("the 284B run reproduces",
+                                                                               "a 284B run would agree"), ""]
+    parts += ["## Where its numbers are not this run's quantity", ""] + [f"- {c}" for c in reference.caveats] + [""]
+    for frames in sources:
+        parts += [f"Source `{frames.source}` ({frames.label}): {caveats.describe_steps(frames)}.", ""]
+        parts += [comparison_markdown(compare_to_published(frames, reference), reference.name), ""]
+    parts += ["Each reference number with the sentence it came from: "
+              f"`repro/reference/` ({reference.name}); docs/published-runs.md lists the published runs.", ""]
+    return "\n".join(parts)
+
+
+def render_report(sources: RunFrames | list[RunFrames], reference: str = "amd") -> str:
     sources = [sources] if isinstance(sources, RunFrames) else list(sources)
+    if reference != "amd":
+        return published_report(sources, published_run(reference))
     single = len(sources) == 1
     first = sources[0]
     name = (first.recipe.name if first.recipe else first.label) if single else ", ".join(f.label for f in sources)
@@ -136,13 +161,13 @@ def amd_value_dates() -> str:
     return f"{facts['run_start']} to {facts['run_end']}"
 
 
-def write_report(sources: RunFrames | list[RunFrames], path: str | Path) -> Path:
-    """Write the Markdown report atomically (temp file + rename)."""
+def write_report(sources: RunFrames | list[RunFrames], path: str | Path, reference: str = "amd") -> Path:
+    """Write the Markdown report (against ``reference``, AMD's run by default) atomically (temp file + rename)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
-        tmp.write_text(render_report(sources))
+        tmp.write_text(render_report(sources, reference))
         tmp.replace(final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -24,6 +24,10 @@ DAPO_PROMPT_TEMPLATE = (
     'Remember to put your answer on its own line after "Answer:".'
 )
 RAW_PROMPT_TEMPLATE = PROBLEM_PLACEHOLDER  # the problem as is, for data whose prompts are bare
+# What LumenRL's evaluation appends to the last user turn when it has no "Answer:" (rl_trainer.py:1499-1516 at
+# 2232f55, ``_extract_prompt_gt(..., ensure_answer_format=True)``), so the reward's "Answer:" rule can score it.
+ANSWER_FORMAT_MARKER = "Answer:"
+ANSWER_FORMAT_SUFFIX = "\n\nPut the final answer on its own line as: Answer: \\boxed{answer}."
 
 
 @dataclass(frozen=True)
@@ -89,13 +93,29 @@ def render_prompt(problem: MathProblem, template: str = DAPO_PROMPT_TEMPLATE) ->
     return before + problem.problem + after
 
 
-def render_messages(problem: MathProblem, template: str = DAPO_PROMPT_TEMPLATE) -> list[dict[str, str]]:
+def render_messages(problem: MathProblem, template: str | None = DAPO_PROMPT_TEMPLATE) -> list[dict[str, str]]:
     """Chat messages for the tokenizer's chat template: stored ones (e.g. a system turn) are kept, and the
-    last user turn is re-rendered from the bare problem so the template is applied exactly once."""
+    last user turn is re-rendered from the bare problem so the template is applied exactly once. ``template``
+    None: the messages exactly as the row stores them (LumenRL's reading), one user turn of the bare problem for
+    a row that stores none."""
     messages = [m.as_dict() for m in problem.prompt_messages]
+    if template is None:
+        return messages or [{"role": "user", "content": problem.problem}]
     user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
     rendered = {"role": "user", "content": render_prompt(problem, template)}
     if not user_turns:
         return messages + [rendered]
     messages[user_turns[-1]] = rendered
     return messages
+
+
+def with_answer_format(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """LumenRL's evaluation prompt: ``ANSWER_FORMAT_SUFFIX`` appended to the last user turn unless it already holds
+    ``Answer:`` (a new list; the messages given are not changed)."""
+    out = [dict(m) for m in messages]
+    for message in reversed(out):
+        if message["role"] == "user":
+            if ANSWER_FORMAT_MARKER not in message["content"]:
+                message["content"] += ANSWER_FORMAT_SUFFIX
+            break
+    return out

@@ -19,10 +19,10 @@ config.json wins), ``policy.gen_batch_size`` (GRPO draws ``train_global_batch_si
 step) and ``rollout.fp8_format`` / ``fp8_block`` / ``fp8_scale`` (vLLM's ``fp8_per_block`` decides them).
 
 On the AMD recipe the written values equal LumenRL's longrun file (@2232f554) key for key, except
-``gpu_memory_utilization`` 0.90 (the post's 90%; file 0.92), ``num_training_steps`` 75 (the post's run; file 200) and
-``val_steps`` 25 (the recipe's ``eval.every_steps``; the file validates every 5 steps, and the post does not say how
-often AMD evaluated). Where LumenRL does not do what the recipe says -- its Megatron seed is always 42 -- the written
-config's header says so (:func:`config_notes`).
+``num_training_steps`` 75 (the post's run; the file says 200, and run_grpo_dsv4.sh passes the step count) and the
+data paths, which are the site's (tests/test_lumenrl_config.py holds this). ``gpu_memory_utilization`` is the file's
+0.92 (the post writes 90%) and ``val_steps`` the file's 5. Where LumenRL does not do what the recipe says -- its
+Megatron seed is always 42 -- the written config's header says so (:func:`config_notes`).
 """
 
 from __future__ import annotations

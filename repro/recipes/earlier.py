@@ -18,6 +18,11 @@ EARLIER_CONVENTIONS: dict[str, object] = {
     "eval.after_first_update": False,
     "data.train.dedupe": True,
     "data.eval.dedupe": True,
+    "optim.weight_decay_rule": "all",
+    "data.chat_encoding": "none",  # BOS + text: what every tokenizer without a chat template got (the tiny one's)
+    "eval.answer_format": False,
+    "data.order": "epochs",
+    "rollout.requests": "per_prompt",
 }
 # the earlier IS statistics were verl's, under the rollout_corr/ keys
 EARLIER_IS_METRICS_NOTE = ("its rollout_corr/rollout_is_* statistics are verl's (ESS and std on the weights clamped "

@@ -51,6 +51,26 @@ def lumenrl_problems(recipe: "Recipe") -> list[str]:
     if not recipe.reward.boxed_fallback:
         problems.append("reward.boxed_fallback: LumenRL's reward always scores the last \\boxed{} of a response "
                         "without an 'Answer:' line (rewards/math_reward.py:97-99)")
+    if recipe.data.order != "randperm":
+        problems.append("data.order: LumenRL reads the rows in one torch.randperm order (rl_trainer.py:1231-1259); "
+                        f"{recipe.data.order!r} is repro's")
+    if recipe.rollout.requests != "per_sample":
+        problems.append("rollout.requests: LumenRL sends each prompt once per response, n=1 (rl_trainer.py:614-627); "
+                        f"{recipe.rollout.requests!r} is repro's")
+    if recipe.data.chat_encoding != "auto":
+        problems.append(f"data.chat_encoding: LumenRL formats prompts with the tokenizer's chat template, else "
+                        f"DeepSeek-V4's encoder (rl_trainer.py:65-85); {recipe.data.chat_encoding!r} is repro's")
+    for name, dataset in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
+        if dataset.template != "stored":
+            problems.append(f"{name}.template: LumenRL prompts with the row's messages as stored "
+                            f"(rl_trainer.py:1467-1480); {dataset.template!r} is repro's")
+    if not recipe.eval.answer_format:
+        problems.append("eval.answer_format: LumenRL's evaluation always appends its answer-format line "
+                        "(rl_trainer.py:4253, 1499-1513)")
+    if recipe.optim.weight_decay_rule != "megatron":
+        problems.append("optim.weight_decay_rule: LumenRL's engine builds megatron's param groups and "
+                        "OptimizerParamScheduler, which never decay biases and 1-D parameters "
+                        "(megatron_lumen_dsv4_engine.py:1038-1049)")
     for name, dataset in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
         if dataset.dedupe:
             problems.append(f"{name}.dedupe: LumenRL reads every row of the file; dedupe it beforehand")

@@ -89,6 +89,7 @@ class OptimConfig(Section):
     betas: list[float] = Field([0.9, 0.98], min_length=2, max_length=2, description="Adam (beta1, beta2).")
     eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay (AdamW).")
+    weight_decay_rule: Literal["megatron", "all"] = Field("megatron", description="Which parameters weight_decay applies to: megatron = all but biases and 1-D parameters (norm scales, ...), megatron-core's rule (wd_mult 0), which LumenRL's OptimizerParamScheduler applied in AMD's run; all = every parameter, as repro did before.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
 
 
@@ -107,6 +108,7 @@ class RolloutConfig(Section):
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (chunked prefill).")
     enforce_eager: bool = Field(True, description="Disable graph capture (AMD/LumenRL run eager).")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature of training rollouts.")
+    requests: Literal["per_sample", "per_prompt"] = Field("per_sample", description="How responses are asked for: per_sample = each prompt sent responses_per_prompt times as n=1 requests, as LumenRL does (AMD's run; each request prefills the prompt itself); per_prompt = one request of n responses per prompt (vLLM prefills the prompt once). Training and evaluation alike; every request is seeded either way (repro.run.steps).")
     logprobs_mode: Literal["raw", "processed"] = Field("raw", description="The rollout's log-prob of each sampled token, which the TIS weights and the mismatch metrics set against the trainer's log_softmax(logits / T): raw = log_softmax(logits) at T = 1, vLLM's default raw_logprobs, which AMD's run used (LumenRL sets no logprobs_mode), so its KL and weights include the temperature; processed = log_softmax(logits / T), the distribution sampled from (vLLM processed_logprobs), the pure rollout/trainer mismatch. Honoured by the vLLM and the embedded engine.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of training rollouts (1 = off).")
     top_k: int = Field(-1, description="Top-k sampling of training rollouts (-1 = off).")
@@ -123,7 +125,7 @@ class LengthConfig(Section):
 class DatasetConfig(Section):
     kind: Literal["dapo_math", "aime_2024", "tiny_math_train", "tiny_math_held_out", "tiny_math_long_train", "tiny_math_long_held_out"] = Field(description="Which dataset layout to read (or generate, for tiny_math_*; tiny_math_long_*: answers that show a running total, repro/data/tinymath_long.py).")
     path: str | None = Field(None, description="Local file (parquet or jsonl); required for dapo_math and aime_2024.")
-    template: Literal["dapo", "tiny"] = Field("dapo", description="Prompt template: DAPO's 'Answer:' instruction, or the tiny task's 'a+b='.")
+    template: Literal["stored", "dapo", "tiny"] = Field("stored", description="The prompt's text: stored = the row's messages exactly as the file holds them, as LumenRL reads them (AMD's run; a bare problem/answer row becomes one user turn of the problem); dapo = the bare problem re-wrapped in DAPO's 'Answer:' instruction; tiny = the tiny task's 'a+b='.")
     on_malformed: Literal["skip", "fail"] = Field("skip", description="A malformed row is skipped and counted, or stops the load naming the row.")
     dedupe: bool = Field(False, description="Drop repeated problems. AMD's run did not: LumenRL samples every row of the file, and DAPO-Math-17K repeats each problem ~100 times, so a problem's chance is its share of rows (the tiny sets hold no repeats).")
     digits: int = Field(2, ge=1, le=3, description="Operand width of tiny-math problems (the difficulty knob).")
@@ -137,6 +139,8 @@ class DatasetConfig(Section):
 
 
 class DataConfig(Section):
+    order: Literal["randperm", "epochs"] = Field("randperm", description="The training prompts' order: randperm = LumenRL's (AMD's run): torch.randperm over the file's rows from a CPU generator seeded with the recipe's seed, read with a cursor that wraps around the same permutation, so on the same file the prompts are AMD's; epochs = a fresh Python-random permutation per epoch, a batch never crossing an epoch's end (repro.data.sampler). Held-out problems are read in file order either way.")
+    chat_encoding: Literal["auto", "deepseek_v4", "chat_template", "none"] = Field("auto", description="How the prompt's messages become the model's text: auto = LumenRL's rule (AMD's run): the tokenizer's chat template if it has one, else DeepSeek-V4's encoder (thinking mode: BOS <｜User｜>... <｜Assistant｜><think>) if the tokenizer knows its turn tokens, else an error; DeepSeek-V4's release has no template, so auto is its encoder; deepseek_v4 / chat_template: that one always; none = BOS + the user turn's text, no turn markers (the tiny model's: its tokenizer has neither). The text is tokenized without added special tokens, as LumenRL does.")
     train: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="dapo_math", path="/dev/shm/datasets/dapo-math-17k/dapo-math-17k.parquet"), description="Training prompts.")
     eval: DatasetConfig = Field(default_factory=lambda: DatasetConfig(kind="aime_2024", path="/dev/shm/datasets/aime-2024/aime-2024.parquet"), description="Held-out evaluation problems.")
 
@@ -177,6 +181,7 @@ class EvalConfig(Section):
     every_steps: int = Field(5, ge=1, description="Evaluate after every this many steps, and after the last (AMD: LumenRL's val_steps 5; the post gives no interval, only AIME at the start and the end).")
     at_start: bool = Field(False, description="Evaluate before the first update (step 0); LumenRL's trainer never does.")
     after_first_update: bool = Field(True, description="Evaluate after the first update (step 1), as LumenRL's EvalCallback does when eval.enabled (AMD's run: its interval of 1,000 fires once, at step 1), so AMD's 'start' AIME figure is step 1's.")
+    answer_format: bool = Field(True, description="Append LumenRL's evaluation line '\\n\\nPut the final answer on its own line as: Answer: \\boxed{answer}.' to the last user turn of each held-out prompt that has no 'Answer:' (AMD's run: rl_trainer.py calls _extract_prompt_gt with ensure_answer_format=True); false: the prompt as the data and template make it.")
     samples_per_problem: int = Field(8, ge=1, description="Generations per problem; accuracy is avg@k over them.")
     temperature: float = Field(0.8, gt=0, description="Sampling temperature for evaluation.")
     top_p: float = Field(0.7, gt=0, le=1, description="Nucleus sampling for evaluation.")

@@ -30,7 +30,7 @@ from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
 from repro.readiness.memory_budget import checkpoint_bytes
 from repro.data.sampler import PromptSampler
-from repro.data.recipe_datasets import all_prompt_ids, load_dataset
+from repro.data.recipe_datasets import load_dataset, recipe_prompt_ids
 from repro.errors import ReproError
 from repro.model.hf_folder import load_tiny_tokenizer
 from repro.model.warmstart_io import ensure_warm_checkpoint
@@ -161,9 +161,9 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
     held_out = load_dataset(recipe.data.eval, run_dir / "data", seed=recipe.seed)
     run = Run(
         recipe=recipe, run_dir=run_dir, trainer=trainer, rollout=rollout, tokenizer=tokenizer,
-        train_problems=train, train_prompt_ids=all_prompt_ids(tokenizer, train, recipe.data.train.template),
-        eval_problems=held_out, eval_prompt_ids=all_prompt_ids(tokenizer, held_out, recipe.data.eval.template),
-        sampler=PromptSampler(len(train), recipe.algorithm.prompts_per_step, recipe.seed),
+        train_problems=train, train_prompt_ids=recipe_prompt_ids(tokenizer, train, recipe, "train"),
+        eval_problems=held_out, eval_prompt_ids=recipe_prompt_ids(tokenizer, held_out, recipe, "eval"),
+        sampler=PromptSampler.for_recipe(recipe, len(train)),
         metrics=MetricsLog(run_dir / "metrics.jsonl"),
         rollouts=(RolloutsDir(run_dir, tokenizer, recipe.rollout_correction.threshold) if recipe.tracking.rollouts
                   else NoRollouts()),

@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 
 from repro import metric_keys as K
-from repro.algos import grpo_advantages, rollout_corr_metrics
+from repro.algos import grpo_advantages, response_token_mean, rollout_corr_metrics
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.recipes.schema import Recipe
 from repro.reward import RewardResult, accuracy, mean_score, score_response
@@ -54,13 +54,27 @@ def sampling_seed(seed: int, step: int, purpose: str) -> int:
     return (seed * 1_000_003 + step * 7919 + (0 if purpose == "train" else 104_729)) % (2**63 - 1)
 
 
+def request_responses(run: Run, prompts: list[list[int]], params: SamplingParams) -> RolloutResult:
+    """``params.n`` responses to each prompt, prompt-major, asked for as ``rollout.requests`` says. ``per_sample``
+    sends each prompt n times as n=1 requests, as LumenRL's ``_rollout_with_ray_vllm`` does (rl_trainer.py:614-627
+    at 2232f55), and numbers the responses back into their prompt's group; each request is seeded (the engine's
+    seed + the request's index), where LumenRL's draw from the engine's generator (seeded 10086 + replica)."""
+    n = params.n
+    if run.recipe.rollout.requests == "per_prompt" or n == 1:
+        return run.rollout.generate(prompts, params)
+    result = run.rollout.generate([p for p in prompts for _ in range(n)], replace(params, n=1))
+    grouped = [replace(t, prompt_index=t.prompt_index // n, sample_index=t.prompt_index % n)
+               for t in result.trajectories]
+    return RolloutResult(grouped, result.generated_tokens, result.seconds)
+
+
 def generate_rollouts(run: Run, problems: list[int], step: int) -> RolloutResult:
     r = run.recipe
     params = SamplingParams(
         n=r.algorithm.responses_per_prompt, temperature=r.rollout.temperature, top_p=r.rollout.top_p,
         top_k=r.rollout.top_k, max_new_tokens=r.lengths.max_response, seed=sampling_seed(r.seed, step, "train"),
     )
-    return run.rollout.generate([run.train_prompt_ids[i] for i in problems], params)
+    return request_responses(run, [run.train_prompt_ids[i] for i in problems], params)
 
 
 def score_texts(run: Run, rollout: RolloutResult, ground_truths: list[str]) -> list[RewardResult]:
@@ -95,12 +109,6 @@ def make_train_batch(run: Run, rollout: RolloutResult, rewards: list[RewardResul
     return GroupedBatch(batch, grouped.num_zero_variance_groups)
 
 
-def rescore_with_replay(run: Run, batch: TrainBatch) -> TrainBatch:
-    """π_old: ``batch`` with the trainer's own log-probs of the sampled tokens, the rollout's experts replayed (R3)."""
-    result = run.trainer.logprobs(batch, run.recipe.routing_replay.enabled)
-    return replace(batch, old_logprobs=result.logprobs)
-
-
 @dataclass(frozen=True)
 class PolicyUpdate:
     """The batch with its π_old log-probs, and the update's ``actor/*`` metrics."""
@@ -112,16 +120,18 @@ class PolicyUpdate:
 def update_policy(run: Run, clock: StepClock, batch: TrainBatch) -> PolicyUpdate:
     """π_old (routing replayed), then the step's update(s). With one update per step the update's own first
     forward gives π_old of the rows it forwards -- the same numbers a separate pass gives -- and only the rows
-    it skips get a no-grad pass (timed as ``update``); otherwise a separate rescoring first (``old_logprob``)."""
+    it skips get a no-grad pass (timed as ``update``); otherwise a separate rescoring first (``old_logprob``).
+    ``actor/entropy`` is LumenRL's: π_old's entropy over every response token of the batch."""
     if old_logprobs_from_update(run.recipe):
         with clock.phase("update"):
             pi_old, metrics = run.trainer.scored_train_step(batch)
-        return PolicyUpdate(replace(batch, old_logprobs=pi_old.logprobs), metrics)
-    with clock.phase("old_logprob"):
-        batch = rescore_with_replay(run, batch)
-    with clock.phase("update"):
-        metrics = run.trainer.train_step(batch)
-    return PolicyUpdate(batch, metrics)
+    else:
+        with clock.phase("old_logprob"):
+            pi_old = run.trainer.logprobs(batch, run.recipe.routing_replay.enabled)
+        with clock.phase("update"):
+            metrics = run.trainer.train_step(replace(batch, old_logprobs=pi_old.logprobs))
+    entropy = {K.ENTROPY: response_token_mean(pi_old.entropy, batch.response_mask)}
+    return PolicyUpdate(replace(batch, old_logprobs=pi_old.logprobs), {**metrics, **entropy})
 
 
 def mismatch_metrics(run: Run, batch: TrainBatch) -> dict[str, float]:
@@ -196,7 +206,7 @@ def evaluate_and_log(run: Run, step: int) -> dict:
         n=r.eval.samples_per_problem, temperature=r.eval.temperature, top_p=r.eval.top_p,
         max_new_tokens=r.lengths.max_response, seed=sampling_seed(r.seed, step, "eval"),
     )
-    rollout = run.rollout.generate(run.eval_prompt_ids, params)
+    rollout = request_responses(run, run.eval_prompt_ids, params)
     results = score_texts(run, rollout, [p.ground_truth for p in run.eval_problems])
     k = r.eval.samples_per_problem
     correct = [sum(x.acc for x in results[i : i + k]) for i in range(0, len(results), k)]

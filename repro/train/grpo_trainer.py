@@ -57,8 +57,9 @@ class GRPOTrainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """``updates_per_step`` optimizer updates on ``batch``; returns verl-named metrics (means over updates).
 
-        ``actor/entropy``, ``actor/pg_clipfrac*`` and ``actor/ppo_kl`` are token means over the rows that went
-        through a forward (zero-advantage rows are skipped); ``actor/grad_norm`` is the norm before clipping.
+        ``actor/entropy_nonzero_adv`` and ``actor/pg_clipfrac*`` are token means over the rows that went through
+        a forward (zero-advantage rows are skipped), ``actor/ppo_kl`` a mean over every kept token
+        (``repro.train.grpo_update.update_metrics``); ``actor/grad_norm`` is the norm before clipping.
         """
         check_batch(batch, self.routers, need_old=True, replay=self.replay_routing, caller="train_step")
         metrics = self._updates(batch, None)

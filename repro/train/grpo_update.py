@@ -20,6 +20,8 @@ One ``train_step`` = the batch split into ``updates_per_step`` row groups, one o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from repro import metric_keys as K
@@ -45,11 +47,15 @@ class UpdateStats:
     clipfrac_sum: float = 0.0
     clipfrac_lower_sum: float = 0.0
     ppo_kl_sum: float = 0.0
+    update_tokens: float = 0.0     # kept response tokens of the whole update, skipped rows included (the plan's)
     rows_skipped: int = 0
     micro_batches: int = 0
 
+    WHOLE_BATCH: ClassVar[tuple[str, ...]] = ("rows_skipped", "update_tokens")  # the plan's: never summed over shares
+
     def add(self, other: "UpdateStats") -> None:
-        """Add another share of the same update's sums (``rows_skipped`` is the plan's, counted once)."""
+        """Add another share of the same update's sums (``rows_skipped`` and ``update_tokens`` are the plan's,
+        counted once)."""
         for name in ("loss", "tokens", "response_tokens", "entropy_sum", "clipfrac_sum", "clipfrac_lower_sum",
                      "ppo_kl_sum", "micro_batches"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -155,6 +161,7 @@ class GRPOUpdate:
         if total_tokens == 0:
             return None
         forwarded = keep.any(dim=1)  # rows with no kept token (all rejected, or no response) add nothing either
+        stats.update_tokens = float(total_tokens)
         if self.skip_zero_advantage_rows:
             stats.rows_skipped = int((forwarded & (batch.advantages == 0)).sum())
             forwarded &= batch.advantages != 0
@@ -200,15 +207,19 @@ class GRPOUpdate:
 
 
 def update_metrics(stats: UpdateStats, grad_norm: float, lr: float) -> dict[str, float]:
-    """verl-named metrics of one update: token means over the rows that went through a forward."""
+    """verl-named metrics of one update. ``actor/ppo_kl`` is LumenRL's: Σ(old - new) over every kept token of the
+    update, the rows it skipped included; their term is 0, since their log-probs under the weights the update
+    starts from are π_old's (LumenRL forwards them and so also sees the two passes' rounding, which is not
+    measured here). The clip fractions and ``actor/entropy_nonzero_adv`` are token means over the rows that went
+    through a forward; ``actor/entropy`` over every row is the loop's, from π_old (``repro.run.steps``)."""
     per_token = max(stats.tokens, 1.0)
     return {
         K.LOSS: stats.loss,
         K.GRAD_NORM: grad_norm,
-        K.ENTROPY: stats.entropy_sum / max(stats.response_tokens, 1.0),
+        K.ENTROPY_NONZERO_ADV: stats.entropy_sum / max(stats.response_tokens, 1.0),
         K.PG_CLIPFRAC: stats.clipfrac_sum / per_token,
         K.PG_CLIPFRAC_LOWER: stats.clipfrac_lower_sum / per_token,
-        K.PPO_KL: stats.ppo_kl_sum / per_token,
+        K.PPO_KL: stats.ppo_kl_sum / max(stats.update_tokens, 1.0),
         K.LR: lr,
         K.ROWS_SKIPPED_ZERO_ADV: float(stats.rows_skipped),
         K.MICRO_BATCHES: float(stats.micro_batches),

@@ -24,8 +24,38 @@ def warmup_constant_lr(optim: OptimConfig, update_index: int) -> float:
     return optim.lr * min(1.0, (update_index + 1) / optim.warmup_steps)
 
 
+def decays(name: str, param: torch.Tensor, rule: str) -> bool:
+    """Whether ``weight_decay`` applies to the parameter: every one under rule ``all``; under ``megatron`` all but
+    biases and 1-D parameters (megatron-core ``_get_param_groups``' default: ``name.endswith(".bias")`` or one
+    dimension gives ``wd_mult`` 0, which the ``OptimizerParamScheduler`` multiplies into each group's decay)."""
+    if rule == "all":
+        return True
+    if rule == "megatron":
+        return not (name.endswith(".bias") or param.dim() == 1)
+    raise ValueError(f"optim.weight_decay_rule must be 'megatron' or 'all', got {rule!r}")
+
+
+def adamw_groups(names: list[str], params: list[torch.Tensor], optim: OptimConfig) -> list[dict]:
+    """AdamW parameter groups, one per distinct weight decay (in first-use order, parameters in name order inside
+    each): a single group when every parameter decays alike, as AdamW with one ``weight_decay`` would build."""
+    groups: dict[float, list[torch.Tensor]] = {}
+    for name, param in zip(names, params):
+        groups.setdefault(optim.weight_decay if decays(name, param, optim.weight_decay_rule) else 0.0, []).append(param)
+    return [{"params": members, "weight_decay": decay} for decay, members in groups.items()]
+
+
+def group_weight_decay(weight_decay: float, group: dict, rule: str) -> float:
+    """The decay of one of megatron's optimizer param groups, as its ``OptimizerParamScheduler`` sets it: the
+    group's ``wd_mult`` (0 for biases and 1-D parameters, 1 otherwise) times ``weight_decay`` under rule
+    ``megatron``; ``weight_decay`` for every group under ``all``."""
+    if rule not in ("megatron", "all"):
+        raise ValueError(f"optim.weight_decay_rule must be 'megatron' or 'all', got {rule!r}")
+    return weight_decay * float(group.get("wd_mult", 1.0)) if rule == "megatron" else weight_decay
+
+
 class MasterAdamW:
-    """AdamW over fp32 masters of ``model``'s parameters (the parameters themselves when they are fp32)."""
+    """AdamW over fp32 masters of ``model``'s parameters (the parameters themselves when they are fp32); weight
+    decay as ``optim.weight_decay_rule`` says (``adamw_groups``)."""
 
     def __init__(self, model: torch.nn.Module, optim: OptimConfig):
         self.names = [name for name, _ in model.named_parameters()]
@@ -37,7 +67,7 @@ class MasterAdamW:
             self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.model_params]
         self.grad_clip = optim.grad_clip
         self.optimizer = torch.optim.AdamW(
-            self.master, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+            adamw_groups(self.names, self.master, optim), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps
         )
 
     def zero_grad(self) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from repro.recipes.schema import OptimConfig
-from repro.train.optimizer import clip_to_global_norm, load_masters, masters_by_name, zero_grads
+from repro.train.optimizer import adamw_groups, clip_to_global_norm, load_masters, masters_by_name, zero_grads
 
 
 def partition_by_size(sizes: list[int], ranks: int) -> list[int]:
@@ -87,9 +87,10 @@ class ShardedMasterAdamW:
                                                             copy=True)) for p in owned_params]
         self.grad_clip = optim.grad_clip
         # a rank that owns nothing (more ranks than parameters) still steps an empty optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.master or [torch.nn.Parameter(torch.zeros(0))], lr=optim.lr, betas=tuple(optim.betas),
-            eps=optim.eps, weight_decay=optim.weight_decay)
+        empty = [{"params": [torch.nn.Parameter(torch.zeros(0))]}]
+        groups = adamw_groups(self.owned_names, self.master, optim) or empty
+        self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                                           weight_decay=optim.weight_decay)
 
     def zero_grad(self) -> None:
         zero_grads(self.model_params)

@@ -98,8 +98,10 @@ def _data_parallel_rank(rank: int, port: int, results) -> None:
         mine = batch.rows(torch.arange(batch.num_rows).tensor_split(2)[rank])
         with emulated_cuda():
             micros = lockstep_over_data_parallel(micro_batches(mine, 12 + 20 * rank), batch)
-            stats = sum_over_data_parallel(UpdateStats(loss=1.5 + rank, tokens=10.0 * (rank + 1), micro_batches=1))
-        results.put((rank, [tuple(m.input_ids.shape) for m in micros], stats.loss, stats.tokens, stats.micro_batches))
+            stats = sum_over_data_parallel(UpdateStats(loss=1.5 + rank, tokens=10.0 * (rank + 1), micro_batches=1,
+                                                       update_tokens=70.0, rows_skipped=3))
+        results.put((rank, [tuple(m.input_ids.shape) for m in micros], stats.loss, stats.tokens, stats.micro_batches,
+                     (stats.update_tokens, stats.rows_skipped)))
     except Exception as err:  # reported to the test
         results.put((rank, f"{type(err).__name__}: {err}"))
     finally:
@@ -130,7 +132,8 @@ def test_data_parallel_replicas_agree_on_micro_batches_and_sum_their_stats_on_th
         os.environ.update(env)
         for p in procs:
             p.join(30)
-    assert all(len(r) == 5 for r in got), got
-    (_, shapes0, loss0, tokens0, micro0), (_, shapes1, loss1, tokens1, micro1) = got
+    assert all(len(r) == 6 for r in got), got
+    (_, shapes0, loss0, tokens0, micro0, plan0), (_, shapes1, loss1, tokens1, micro1, plan1) = got
     assert shapes0 == shapes1 and len(shapes0) >= 2  # rank 0's smaller budget gives it more micro-batches
     assert (loss0, tokens0, micro0) == (loss1, tokens1, micro1) == (4.0, 30.0, 2)
+    assert plan0 == plan1 == (70.0, 3)  # the plan's whole-batch counts (UpdateStats.WHOLE_BATCH) are not summed

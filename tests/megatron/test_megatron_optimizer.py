@@ -21,6 +21,7 @@ from repro.recipes import load_recipe  # noqa: E402
 from repro.train.base import TrainerError  # noqa: E402
 from repro.train.megatron.config import megatron_layout  # noqa: E402
 from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
+from repro.train.optimizer import decays  # noqa: E402
 from test_megatron_contract import make_megatron_batch, one_thread  # noqa: E402,F401
 
 SETS = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider",
@@ -34,14 +35,21 @@ class StandInMegatronOptimizer:
     filled only inside ``step()`` -> ``prepare_grads()`` (copied from DDP's ``main_grad`` buffers), so
     ``get_grad_norm()`` reads the masters and is 0 before; ``step()`` clips by the global norm only when the clip
     factor is below 1 (a NaN norm clips nothing) and steps whatever the gradient holds (no grad scaler for BF16),
-    returning ``(ok, norm, zeros)``. Only the device step is replaced (torch's AdamW on the fp32 masters, copied
-    back). It records what our side hands it."""
+    returning ``(ok, norm, zeros)``. Its param groups are megatron's own (``_get_param_groups``: biases and 1-D
+    parameters in groups of ``wd_mult`` 0), each starting at the config's weight decay, as megatron's Adam is built;
+    only a scheduler changes a group's decay. Only the device step is replaced (torch's AdamW on the fp32 masters,
+    copied back). It records what our side hands it."""
 
     def __init__(self, config, model_chunks):
+        from megatron.core.optimizer import _get_param_groups
+
         self.config, self.chunks = config, model_chunks
         self.params = list(model_chunks[0].module.parameters())
         self.masters = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
-        self.inner = torch.optim.AdamW(self.masters, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+        master_of = {id(p): m for p, m in zip(self.params, self.masters)}
+        groups = [{**group, "params": [master_of[id(p)] for p in group["params"]]}
+                  for group in _get_param_groups(model_chunks, config, None)]
+        self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
                                        eps=config.adam_eps, weight_decay=config.weight_decay)
         self.param_groups = self.inner.param_groups
         self.lrs, self.state_calls, self.loaded = [], [], []
@@ -144,6 +152,16 @@ def test_gpu_path_takes_the_recipe_config_and_steps_as_the_project_adamw(stand_i
     # differently, so the clip factors differ in the last bit; Adam's 1/sqrt(v) amplifies that where v is tiny
     assert max(gaps) <= 1e-6, gaps
     assert optimizer.lrs == pytest.approx([5e-4, 1e-3, 1e-3])  # our warm-up set on megatron's param groups
+    # megatron's rule, as its OptimizerParamScheduler applies it (AMD's run): no decay for biases and 1-D parameters
+    group_decays = {(g["wd_mult"], g["weight_decay"]) for g in optimizer.param_groups if g["params"]}
+    assert group_decays == {(0.0, 0.0), (1.0, 0.1)}
+    one_d = {id(m) for group in optimizer.param_groups if group["wd_mult"] == 0.0 for m in group["params"]}
+    assert one_d == {id(m) for m in optimizer.masters if m.dim() == 1} and one_d
+    # the CPU lane's AdamW spares exactly the parameters megatron's own grouping does (repro.train.optimizer.decays)
+    spared_by_megatron = {name for (name, _), m in zip(gpu.model.named_parameters(), optimizer.masters)
+                          if id(m) in one_d}
+    spared_on_cpu = {name for name, p in cpu.model.named_parameters() if not decays(name, p, "megatron")}
+    assert spared_on_cpu == spared_by_megatron
     print(f"\nstand-in megatron optimizer vs project AdamW, max |dw| per step: {gaps}")
 
     gpu.save(tmp_path / "state")  # the dist checkpoint asks megatron's optimizer for its sharded state

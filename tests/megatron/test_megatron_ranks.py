@@ -74,7 +74,7 @@ def test_two_ranks_compute_what_one_process_computes(layout, ray_instance, refer
         torch.testing.assert_close(lp.logprobs, before, atol=2e-5, rtol=0)
         batch.old_logprobs = before.clone()
         got = group.train_step(batch)
-        for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
+        for key in ("actor/loss", "actor/grad_norm", "actor/entropy_nonzero_adv", "actor/pg_clipfrac", "actor/ppo_kl"):
             assert got[key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
         assert got["actor/grad_norm"] > 0.05  # the clip acted: the global norm, not a rank's, set its scale
         sent = group.send_weights(1)

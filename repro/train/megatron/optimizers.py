@@ -36,7 +36,7 @@ from repro.recipes.backends import TRANSFORMER_ENGINE
 from repro.recipes.schema import OptimConfig
 from repro.train.base import TrainerError
 from repro.train.megatron.parallel import global_grad_norm, is_expert, reduce_gradients
-from repro.train.optimizer import MasterAdamW, load_masters
+from repro.train.optimizer import MasterAdamW, group_weight_decay, load_masters
 from repro.train.zero1 import ShardedMasterAdamW
 
 # megatron's distributed-optimizer checkpoint layout. 'fully_reshardable' stores each parameter's optimizer state
@@ -55,7 +55,7 @@ def trainer_optimizer(model: torch.nn.Module, optim: OptimConfig, *, distributed
     CUDA/ROCm device. ``megatron_optimizer`` / ``megatron_ddp``: ``OptimizerConfig`` /
     ``DistributedDataParallelConfig`` keyword arguments (``megatron_layout(recipe)``)."""
     if torch.cuda.is_available() if on_gpu is None else on_gpu:
-        return MegatronAdamW(model, megatron_optimizer, megatron_ddp)
+        return MegatronAdamW(model, megatron_optimizer, megatron_ddp, weight_decay_rule=optim.weight_decay_rule)
     if not distributed:
         return ProjectAdamW(model, MasterAdamW(model, optim), owned=None)
     from megatron.core import parallel_state as ps
@@ -143,8 +143,12 @@ class ProjectAdamW:
             load_masters(owned_names, self.inner.master, {name: state[name]["master"] for name in owned_names})
         if adam_step > 0 and self.inner.master:
             step = torch.tensor(adam_step, dtype=torch.float32)
-            moments = {slot: {"step": step.clone(), "exp_avg": state[name]["exp_avg"],
-                              "exp_avg_sq": state[name]["exp_avg_sq"]} for slot, name in enumerate(owned_names)}
+            # torch numbers the state by position across the param groups (one per weight decay), not by name
+            slot_of = {id(p): slot for slot, p in enumerate(p for g in self.inner.optimizer.param_groups
+                                                            for p in g["params"])}
+            moments = {slot_of[id(master)]: {"step": step.clone(), "exp_avg": state[name]["exp_avg"],
+                                             "exp_avg_sq": state[name]["exp_avg_sq"]}
+                       for master, name in zip(self.inner.master, owned_names)}
             groups = self.inner.optimizer.state_dict()["param_groups"]
             self.inner.optimizer.load_state_dict({"state": moments, "param_groups": groups})
 
@@ -154,7 +158,8 @@ class MegatronAdamW:
 
     checkpoint_format = DISTRIB_OPTIM_SHARDING["distrib_optim_sharding_type"]
 
-    def __init__(self, model: torch.nn.Module, optimizer_kwargs: dict[str, Any], ddp_kwargs: dict[str, Any]):
+    def __init__(self, model: torch.nn.Module, optimizer_kwargs: dict[str, Any], ddp_kwargs: dict[str, Any],
+                 weight_decay_rule: str = "megatron"):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -169,6 +174,7 @@ class MegatronAdamW:
         self.optimizer = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs), [self.ddp])
         self.names = [name for name, _ in model.named_parameters()]
         self.model_params = [p for _, p in model.named_parameters()]
+        self.weight_decay, self.weight_decay_rule = float(optimizer_kwargs.get("weight_decay", 0.0)), weight_decay_rule
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()
@@ -186,12 +192,17 @@ class MegatronAdamW:
         A NaN/Inf anywhere in the gradient skips the update on every rank, as the CPU optimizer does: megatron would
         not (without a grad scaler, BF16's case, ``step()`` clips by a NaN norm -- a no-op -- and applies it), so the
         DDP gradient buffers are checked first (``_gradient_is_finite``) and the non-finite norm is reported as NaN.
+
+        Each group's weight decay is set here as megatron's ``OptimizerParamScheduler`` sets it (LumenRL's engine
+        builds one): ``weight_decay * wd_mult`` under rule ``megatron`` -- megatron's groups give biases and 1-D
+        parameters ``wd_mult`` 0 -- else ``weight_decay``; without it every group keeps the config's decay.
         """
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([self.ddp])
-        for group in self.optimizer.param_groups:
+        for group in self.optimizer.param_groups:  # what megatron's OptimizerParamScheduler sets on each step
             group["lr"] = lr
+            group["weight_decay"] = group_weight_decay(self.weight_decay, group, self.weight_decay_rule)
         norm = float("nan")
         if self._gradient_is_finite():
             ok, grad_norm, _ = self.optimizer.step()

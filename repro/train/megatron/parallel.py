@@ -285,12 +285,13 @@ def lockstep_over_data_parallel(micros: list, template) -> list:
 
 
 def sum_over_data_parallel(stats):
-    """Add the replicas' sums (each forwarded its own rows); the skipped-row count is already whole-batch."""
+    """Add the replicas' sums (each forwarded its own rows); the plan's counts (``UpdateStats.WHOLE_BATCH``) are
+    already whole-batch."""
     from megatron.core import parallel_state as ps
 
     if ps.get_data_parallel_world_size() == 1:
         return stats
-    keys = [k for k in vars(stats) if k != "rows_skipped"]
+    keys = [k for k in vars(stats) if k not in stats.WHOLE_BATCH]
     group = ps.get_data_parallel_group()
     sums = torch.tensor([float(getattr(stats, k)) for k in keys], dtype=torch.float64,
                         device=collective_device(dist.get_backend(group)))
