@@ -45,7 +45,8 @@ def test_every_recipe_field_is_mapped_refused_or_a_departure_exactly_once():
                 for leaf in leaves}
     assert {leaf: rows for leaf, rows in covering.items() if len(rows) != 1} == {}
     assert {r.status for r in MAPPING} == {"mapped", "departure", "ours"}
-    assert len(leaves) == 152
+    assert len(leaves) == 157  # 152 + data.order, data.chat_encoding, eval.answer_format, rollout.requests,
+    #                             optim.weight_decay_rule (issue 42)
 
 
 def test_amd_recipe_runs_on_verl_with_its_departures_in_numbers():
@@ -177,8 +178,12 @@ def test_data_is_written_in_verls_parquet_layout_and_aime_deduplicated(tmp_path)
     assert (n_train, n_val) == (4, 3)
     row = pq.read_table(train).to_pylist()[1]
     assert row["data_source"] == "math_dapo" and row["reward_model"] == {"style": "rule", "ground_truth": "2"}
-    assert row["prompt"][-1]["role"] == "user" and "What is 1+1?" in row["prompt"][-1]["content"]
-    assert row["prompt"][-1]["content"].endswith('Remember to put your answer on its own line after "Answer:".')
+    # AMD's recipe takes the row's messages as stored (data.train.template: stored), as LumenRL does
+    assert row["prompt"] == [{"role": "user", "content": "What is 1+1?"}]
+    # evaluation: the bare AIME problem with LumenRL's answer-format line (eval.answer_format)
+    (first, *_) = pq.read_table(val).to_pylist()
+    assert first["prompt"][-1]["content"].startswith("AIME problem 0")
+    assert first["prompt"][-1]["content"].endswith("Put the final answer on its own line as: Answer: \\boxed{answer}.")
     assert not list((tmp_path / "out").glob(".*.tmp"))
 
 

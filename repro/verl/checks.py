@@ -22,6 +22,9 @@ def verl_problems(recipe: "Recipe") -> list[str]:
         problems.append(f"actor.backend: verl runs the recipe with model_engine=megatron; {r.actor.backend!r} is ours")
     if r.rollout.backend != "vllm":
         problems.append(f"rollout.backend: verl's rollout here is vLLM; {r.rollout.backend!r} is ours")
+    if r.optim.weight_decay_rule != "megatron":
+        problems.append("optim.weight_decay_rule: verl steps megatron's optimizer, whose param groups spare biases and "
+                        "1-D parameters from weight decay; 'all' cannot be expressed")
     if r.actor.dtype == "fp32":
         problems.append("actor.dtype: verl's Megatron engine computes in bfloat16 or float16 (megatron.dtype); an FP32 "
                         "trainer cannot be expressed")

@@ -13,15 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.data.recipe_datasets import TEMPLATES, load_dataset
-from repro.data.records import MathProblem, render_messages
+from repro.data.recipe_datasets import load_dataset, prompt_messages
+from repro.data.records import MathProblem
 
 if TYPE_CHECKING:
     from repro.recipes.schema import DatasetConfig, Recipe
 
 
-def rows(problems: list[MathProblem], template: str) -> list[dict]:
-    return [{"data_source": p.data_source, "prompt": render_messages(p, template),
+def rows(problems: list[MathProblem], template_name: str, answer_format: bool = False) -> list[dict]:
+    """verl's rows: the chat messages as repro renders them (``prompt_messages``: the recipe's template, LumenRL's
+    answer-format line on evaluation when ``eval.answer_format``); verl's own chat template turns them into text."""
+    return [{"data_source": p.data_source, "prompt": prompt_messages(p, template_name, answer_format),
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": p.ground_truth},
              "extra_info": {"index": i, "uid": p.uid}} for i, p in enumerate(problems)]
 
@@ -46,6 +48,7 @@ def write_datasets(recipe: "Recipe", data_dir: Path) -> tuple[Path, Path, int, i
     data_dir = Path(data_dir)
     train = _problems(recipe.data.train, data_dir / "source", recipe.seed, recipe.data.train.dedupe)
     held_out = _problems(recipe.data.eval, data_dir / "source", recipe.seed, True)
-    train_path = write_parquet(rows(train, TEMPLATES[recipe.data.train.template]), data_dir / "train.parquet")
-    val_path = write_parquet(rows(held_out, TEMPLATES[recipe.data.eval.template]), data_dir / "val.parquet")
+    train_path = write_parquet(rows(train, recipe.data.train.template), data_dir / "train.parquet")
+    val_path = write_parquet(rows(held_out, recipe.data.eval.template, recipe.eval.answer_format),
+                             data_dir / "val.parquet")
     return train_path, val_path, len(train), len(held_out)

@@ -74,6 +74,8 @@ MAPPING: tuple[Row, ...] = (
     Row("optim.betas", OVERRIDE_OPTIM + "adam_beta1/adam_beta2", "mapped", "optim.betas is ignored on Megatron"),
     Row("optim.eps", OVERRIDE_OPTIM + "adam_eps", "mapped"),
     Row("optim.weight_decay", OPTIM + "weight_decay", "mapped"),
+    Row("optim.weight_decay_rule", "-", "mapped", "megatron's own param groups (no decay on biases and 1-D "
+        "parameters) are verl's; 'all' refused"),
     Row("optim.grad_clip", OPTIM + "clip_grad", "mapped"),
     Row("rollout.backend", ROLLOUT + "name=vllm", "mapped", "embedded refused"),
     Row("rollout.num_replicas", "-", "departure", "colocated: one vLLM replica per rollout.tensor_parallel GPUs"),
@@ -92,12 +94,19 @@ MAPPING: tuple[Row, ...] = (
     Row("rollout.logprobs_mode", ROLLOUT + "logprobs_mode=raw_logprobs|processed_logprobs", "mapped"),
     Row("rollout.top_p", ROLLOUT + "top_p", "mapped"),
     Row("rollout.top_k", ROLLOUT + "top_k", "mapped"),
+    Row("rollout.requests", ROLLOUT + "n", "departure", "verl asks for rollout.n responses of each prompt its own "
+        "way, with vLLM's seed; LumenRL's unseeded n=1 requests and our seeded ones are not expressed"),
     Row("rollout.activation_quant", ROLLOUT + "quantization=fp8 (W8A8)", "mapped", "none with fp8 weights refused"),
     Row("rollout.activation_group", "-", "mapped", "128 is vLLM's; others refused"),
     Row("rollout.activation_dtype", ROLLOUT + "dtype=bfloat16", "mapped", "fp32 refused"),
     Row("lengths.max_context", ROLLOUT + "max_model_len; data.max_prompt_length = context - response", "mapped"),
     Row("lengths.max_response", "data.max_response_length", "mapped"),
     Row("data.train.*", "data.train_files (our parquet in verl's layout)", "ours", "kind/template/dedupe applied"),
+    Row("data.order", "data.shuffle, data.seed", "departure",
+        "verl's own seeded shuffle, not LumenRL's torch.randperm order (step 1's 32 prompts differ from AMD's)"),
+    Row("data.chat_encoding", "-", "departure",
+        "verl turns our messages into text with the tokenizer's chat template; DeepSeek-V4's encoder, which "
+        "LumenRL uses for a release without one, is not applied"),
     Row("data.eval.*", "data.val_files (our parquet, deduplicated)", "ours", "AIME: 30 rows"),
     Row("algorithm.prompts_per_step", "data.train_batch_size", "mapped"),
     Row("algorithm.responses_per_prompt", ROLLOUT + "n", "mapped"),
@@ -123,6 +132,8 @@ MAPPING: tuple[Row, ...] = (
     Row("eval.every_steps", "trainer.test_freq", "mapped", "and after the last step, as ours"),
     Row("eval.at_start", "trainer.val_before_train", "mapped"),
     Row("eval.after_first_update", "-", "departure", "verl evaluates at multiples of test_freq only"),
+    Row("eval.answer_format", "data.val_files", "ours", "LumenRL's answer-format line written into the "
+        "evaluation messages"),
     Row("eval.samples_per_problem", ROLLOUT + "val_kwargs.n", "mapped"),
     Row("eval.temperature", ROLLOUT + "val_kwargs.temperature", "mapped"),
     Row("eval.top_p", ROLLOUT + "val_kwargs.top_p", "mapped"),
