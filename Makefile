@@ -103,7 +103,7 @@ ablations: $(STAMP)
 # Notebook 15, not part of `make repro`: the mismatch by numeric source and by response position on one fixed batch
 # of $(SOURCES_RECIPE) (tiny-cpu or tiny-cpu-long), R3 on and off; its attribution by position and the reload-fault
 # table. SOURCES_MODEL: a model folder to study instead of the recipe's (e.g. a run's checkpoint, made by
-# repro.analysis.mismatch_attribution.checkpoint_model); SOURCES_STALE: where the stale-experts fault takes its
+# repro.studies.mismatch_attribution.checkpoint_model); SOURCES_STALE: where the stale-experts fault takes its
 # experts from (empty: that row is left out); SOURCES_RUNS: label:dir,... runs whose position buckets are tabled.
 SOURCES_DIR    ?= runs/mismatch-sources
 SOURCES_RECIPE ?= tiny-cpu-long

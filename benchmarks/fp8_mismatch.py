@@ -20,7 +20,7 @@ recorded experts replayed (R3) and with its own routing; the table gives k1 and 
 importance weight, the share of tokens above the 2.0 cap, and the share of top-k routing decisions (response
 positions x top-k layers) where the trainer's own router picks another expert set than the rollout's.
 
-The measurement is ``repro.analysis.mismatch_sources`` (notebook 15 shows it with the mismatch by position too);
+The measurement is ``repro.studies.mismatch_sources`` (notebook 15 shows it with the mismatch by position too);
 this script prints its summary as markdown.
 """
 
@@ -30,7 +30,7 @@ import argparse
 import json
 import time
 
-from repro.analysis.mismatch_sources import CONFIGS, R3_SETTINGS, measure_seeds
+from repro.studies.mismatch_sources import CONFIGS, R3_SETTINGS, measure_seeds
 
 
 def markdown(rows: list[dict]) -> str:

@@ -19,7 +19,7 @@ import pandas as pd
 import tempfile
 
 from repro.analysis import load_run
-from repro.analysis import mismatch_attribution as ma
+from repro.studies import mismatch_attribution as ma
 from repro.analysis.frame import ACCURACY, ESS, K3_KL, KL, MetricsError
 from repro.analysis.summary import mismatch_by_position, phase_means
 from repro.recipes import resolve_path

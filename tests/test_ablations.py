@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.analysis import ablations
+from repro.studies import ablations
 from repro.analysis.frame import frames_from_rows
 from repro.notebooks import NOTEBOOKS_DIR, notebook_parameters
 from repro.notebooks.chain import CHAIN

@@ -1,4 +1,4 @@
-"""repro.model.indexer_choices and repro.analysis.mismatch_attribution: the indexer's record and replay on a
+"""repro.model.indexer_choices and repro.studies.mismatch_attribution: the indexer's record and replay on a
 tiny DeepSeek-V4, the disagreement counts by hand, the position shares and the growth ratio."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from repro.analysis import mismatch_attribution as ma
+from repro.studies import mismatch_attribution as ma
 from repro.model.indexer_choices import IndexerChoices, IndexerError, choice_disagreement, indexers
 from repro.model.tiny import build_tiny_model
 

@@ -1,9 +1,9 @@
-"""repro.analysis.mismatch_faults: each injected fault changes exactly the tensors it names, the way it says."""
+"""repro.studies.mismatch_faults: each injected fault changes exactly the tensors it names, the way it says."""
 
 import pytest
 import torch
 
-from repro.analysis import mismatch_faults as mf
+from repro.studies import mismatch_faults as mf
 from repro.fp8.quant import dequantize_block, quantize_block
 from repro.model.tiny import build_tiny_model
 from repro.rollout.fp8_view import FP8WeightView
@@ -66,7 +66,7 @@ def test_fault_table_sets_k1_against_amds():
 def test_seeds_given_as_text_are_refused_naming_the_parameter():
     """papermill's ``-p seeds '[0]'`` hands the notebook the text '[0]'; the studies say so instead of failing
     inside torch.manual_seed."""
-    from repro.analysis.mismatch_sources import checked_seeds
+    from repro.studies.mismatch_sources import checked_seeds
 
     assert checked_seeds([0, 1]) == [0, 1]
     for bad in ("[0]", [], [0.5], [True], None):

@@ -1,4 +1,4 @@
-"""Notebook 15 and repro.analysis.mismatch_sources: the position buckets against LumenRL's, the tables, and the
+"""Notebook 15 and repro.studies.mismatch_sources: the position buckets against LumenRL's, the tables, and the
 notebook's recorded numbers against the library's on a small batch."""
 
 import json
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from repro.algos.metrics import position_metrics
-from repro.analysis import mismatch_attribution as ma
-from repro.analysis import mismatch_faults as mf
-from repro.analysis import mismatch_sources as ms
+from repro.studies import mismatch_attribution as ma
+from repro.studies import mismatch_faults as mf
+from repro.studies import mismatch_sources as ms
 from repro.metric_keys import POSITION_BUCKET_EDGES, position_key
 from repro.notebooks import CHAIN, NOTEBOOKS_DIR, declared_parameters, execute_notebook, notebook_parameters
 

@@ -1,7 +1,7 @@
 """Figures of issue 31: the mismatch by response position in runs and on a fixed batch, and its attribution.
 
 Kept apart from ``repro.analysis.plots`` (the figures of one run's metrics) because these read the rows of
-``repro.analysis.mismatch_attribution`` rather than run frames; they share its style and its ``save_figure``.
+``repro.studies.mismatch_attribution`` rather than run frames; they share its style and its ``save_figure``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from repro.analysis.plots import _new_figure, styled
+from repro.analysis.plots import new_figure, styled
 
 
 def _weighted(rows: list[dict], stat: str) -> pd.DataFrame:
@@ -26,7 +26,7 @@ def plot_kl_by_position(run_tables: dict[str, pd.DataFrame], fixed_rows: list[di
     """Left: k3 per LumenRL bucket of each run (``run_tables``: label -> ``summary.mismatch_by_position``);
     right: k3 per fine bucket on the fixed batch for ``configs`` (rows of ``mismatch_attribution.attribute``)."""
     with styled():
-        fig, (ax_runs, ax_fine) = _new_figure(ncols=2)
+        fig, (ax_runs, ax_fine) = new_figure(ncols=2)
         fig.set_size_inches(11.0, 4.2)
         labels = list(run_tables)
         buckets = sorted({b for t in run_tables.values() for b in t.index}, key=lambda b: int(b.split("–")[0]))
@@ -54,7 +54,7 @@ def plot_attribution(position_rows: list[dict]) -> Figure:
     """Top: k3 per fine bucket for every attribution row; bottom: the share of (token, layer) pairs where the
     trainer's own indexer keeps other entries / its router picks other experts than the rollout's (all on)."""
     with styled():
-        fig, (ax_k3, ax_share) = _new_figure(nrows=2, sharex=True)
+        fig, (ax_k3, ax_share) = new_figure(nrows=2, sharex=True)
         fig.set_size_inches(9.0, 7.0)
         k3 = _weighted(position_rows, "k3")
         for i, config in enumerate(k3.columns):  # past the 10 colours of the cycle, dashed lines tell rows apart

@@ -64,7 +64,7 @@ def styled():
         yield
 
 
-def _new_figure(**subplots_kw) -> tuple[Figure, object]:
+def new_figure(**subplots_kw) -> tuple[Figure, object]:
     fig = Figure()
     FigureCanvasAgg(fig)
     return fig, fig.subplots(**subplots_kw)
@@ -126,7 +126,7 @@ def plot_reward_accuracy(sources: Sources, phase_len: int = 25) -> Figure:
     """Reward accuracy per step and its 25-step phase means for each source, AMD's ~45/53/59% and single-step range."""
     sources = _as_list(sources)
     with styled():
-        fig, ax = _new_figure()
+        fig, ax = new_figure()
         for i, frames in _having(sources, fig, "reward accuracy", _lacks(ACCURACY)):
             step_colour, mean_colour = _colours(sources)[i]
             series = frames.require(ACCURACY)
@@ -152,7 +152,7 @@ def plot_heldout_accuracy(sources: Sources) -> Figure:
     logs per-problem counts; AMD's 30.0% (after step 1) and 49.2% (step 75) on AIME, as two unjoined points."""
     sources = _as_list(sources)
     with styled():
-        fig, ax = _new_figure()
+        fig, ax = new_figure()
         for i, frames in _having(sources, fig, "held-out accuracy", lambda f: None if f.avg_key else "eval/avg@k"):
             colour = _colours(sources)[i][0]
             table = summary.eval_table(frames)
@@ -176,7 +176,7 @@ def plot_rollout_throughput(sources: Sources) -> Figure:
     their own axis (an 8-GPU node's aggregate), because a run on other hardware is in a different range."""
     sources = _as_list(sources)
     with styled():
-        fig, (ax, side) = _new_figure(ncols=2, gridspec_kw={"width_ratios": [4, 1]})
+        fig, (ax, side) = new_figure(ncols=2, gridspec_kw={"width_ratios": [4, 1]})
         for i, frames in _having(sources, fig, "rollout throughput", _lacks(THROUGHPUT)):
             step_colour, mean_colour = _colours(sources)[i]
             series = frames.require(THROUGHPUT)
@@ -211,7 +211,7 @@ def plot_train_rollout_mismatch(sources: Sources) -> Figure:
     with AMD's step-75 values (0.4706, k1 as LumenRL logs ``rollout_corr/kl``; 79.1%)."""
     sources = _as_list(sources)
     with styled():
-        fig, (ax_kl, ax_ess) = _new_figure(nrows=2, sharex=True)
+        fig, (ax_kl, ax_ess) = new_figure(nrows=2, sharex=True)
         fig.set_size_inches(8.0, 6.0)
         for i, frames in _having(sources, fig, "train-rollout mismatch", _lacks(KL)):
             colour = _colours(sources)[i][0]
@@ -251,7 +251,7 @@ def plot_mismatch_by_position(sources: Sources) -> Figure:
         return None
 
     with styled():
-        fig, (ax_kl, ax_abs) = _new_figure(nrows=2, sharex=True)
+        fig, (ax_kl, ax_abs) = new_figure(nrows=2, sharex=True)
         fig.set_size_inches(8.0, 6.0)
         buckets = [f"{start}–{end - 1}" for start, end in position_buckets()]
         widest = 0
@@ -320,9 +320,9 @@ def make_all_figures(sources, out_dir: str | Path, **source_options) -> list[Pat
 
 def plot_mismatch_by_source_and_position(k1, k3) -> Figure:
     """k1 (top) and k3 (bottom) KL between rollout and trainer by response position, one line per numeric source:
-    ``k1``, ``k3``: frames indexed by bucket start, one column per source (``repro.analysis.mismatch_sources``)."""
+    ``k1``, ``k3``: frames indexed by bucket start, one column per source (``repro.studies.mismatch_sources``)."""
     with styled():
-        fig, (ax_k1, ax_k3) = _new_figure(nrows=2, sharex=True)
+        fig, (ax_k1, ax_k3) = new_figure(nrows=2, sharex=True)
         fig.set_size_inches(8.0, 6.0)
         for column in k1.columns:
             ax_k1.plot(k1.index, k1[column].to_numpy(), marker="o", label=column)

@@ -25,7 +25,6 @@ from pathlib import Path
 from repro.analysis.frame import METRICS_FILE, RECIPE_FILE, MetricsError, RunFrames, load_run
 from repro.analysis.importers import read_verl_jsonl, read_wandb_csv
 from repro.analysis.lumenrl_log import is_lumenrl_log, read_lumenrl_log
-from repro.notebooks.parameters import declared_parameters
 from repro.paths import project_path, resolve_parameter
 
 SNIFF_BYTES = 1 << 20  # enough of a log to find its first metrics line among start-up output
@@ -197,17 +196,6 @@ def resolve_source_parameter(value, default) -> list[str]:
         prefix = (f"{spec.label}=" if spec.label else "") + (f"{spec.kind}:" if spec.kind else "")
         out.append(prefix + str(path))
     return out
-
-
-def notebook_sources(name: str, value, *, quiet: bool = False, **options) -> list[RunFrames]:
-    """What an analysis notebook's first cell calls after ``notebook_setup``: its ``source`` parameter (one source
-    or a list) resolved as ``notebook_setup`` resolves paths, loaded, and each printed with what it holds."""
-    resolved = resolve_source_parameter(value, declared_parameters(name).get("source"))
-    loaded = load_sources(resolved, **options)
-    if not quiet:
-        for frames in loaded:
-            print(describe(frames))
-    return loaded
 
 
 def describe(frames: RunFrames) -> str:

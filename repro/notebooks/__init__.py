@@ -29,12 +29,12 @@ from repro.notebooks.execution import (
 from repro.notebooks.files import NOTEBOOKS_DIR, NotebookError, notebook_path
 from repro.notebooks.parameters import (
     check_parameters, declared_parameters, injected_parameter_names, is_path_parameter, notebook_parameters,
-    notebook_setup,
+    notebook_setup, notebook_sources,
 )
 
 __all__ = [
     "CHAIN", "NOTEBOOKS_DIR", "RESULTS_SUFFIX", "ChainResult", "NotebookError", "chain_parameters", "check_parameters",
     "declared_parameters", "ensure_model", "execute_notebook", "injected_parameter_names", "is_path_parameter",
-    "load_results", "notebook_parameters", "notebook_path", "notebook_setup", "record_results", "results_path",
-    "run_chain", "venv_kernel_name",
+    "load_results", "notebook_parameters", "notebook_path", "notebook_setup", "notebook_sources", "record_results",
+    "results_path", "run_chain", "venv_kernel_name",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from repro.analysis.frame import RunFrames
+from repro.analysis.sources import describe, load_sources, resolve_source_parameter
 from repro.notebooks.files import NotebookError, notebook_path
 from repro.paths import resolve_parameter
 
@@ -85,3 +87,12 @@ def notebook_setup(name: str, namespace: dict, *, quiet: bool = False):
     return SimpleNamespace(**values)
 
 
+def notebook_sources(name: str, value, *, quiet: bool = False, **options) -> list[RunFrames]:
+    """What an analysis notebook's first cell calls after ``notebook_setup``: its ``source`` parameter (one source
+    or a list) resolved as ``notebook_setup`` resolves paths, loaded, and each printed with what it holds."""
+    resolved = resolve_source_parameter(value, declared_parameters(name).get("source"))
+    loaded = load_sources(resolved, **options)
+    if not quiet:
+        for frames in loaded:
+            print(describe(frames))
+    return loaded

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 import torch
 
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from repro.recipes.schema import Recipe
-    from repro.rollout.vllm_engine import VLLMEngine
     from repro.sync.bucket_wire import BucketWire
 
 NUM_BUFFERS = 2  # vLLM's default double buffering: one buffer packs while the other is on the wire
@@ -208,6 +207,13 @@ class TransferSender:
         return self.address.nbytes
 
 
+class TransferReceiver(Protocol):
+    """The rollout side vLLM's wire drives (``repro.rollout.vllm_engine.VLLMEngine``)."""
+
+    def receive_transfer(self, address: TransferAddress, version: int) -> SyncStats:
+        """One sync through vLLM's weight-transfer engine, behind the engine's gate."""
+
+
 class TransferWire:
     """vLLM's own wire (``repro.sync.handoff.Wire``): one sending rank, vLLM's NCCL group, its packed broadcast.
     The address carries the update info (the served checkpoint's synced tensors), so both sides cut the buffers alike."""
@@ -235,7 +241,7 @@ class TransferWire:
             self.sender = None
             raise
 
-    def receive(self, engine: "VLLMEngine", addresses: tuple[TransferAddress, ...], version: int) -> SyncStats:
+    def receive(self, engine: TransferReceiver, addresses: tuple[TransferAddress, ...], version: int) -> SyncStats:
         if len(addresses) != 1:
             raise SyncError(f"weight sync v{version} through vLLM's engine: {len(addresses)} senders, it takes one")
         return engine.receive_transfer(addresses[0], version)

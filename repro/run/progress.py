@@ -90,10 +90,10 @@ class LivePlot:
     def figure(self):
         from matplotlib.ticker import PercentFormatter
 
-        from repro.analysis.plots import AMD_COLOUR, RUN_COLOUR, _new_figure, styled  # matplotlib: the notebook's figure only
+        from repro.analysis.plots import AMD_COLOUR, RUN_COLOUR, new_figure, styled  # matplotlib: the notebook's figure only
 
         with styled():
-            fig, (ax_acc, ax_kl) = _new_figure(ncols=2)
+            fig, (ax_acc, ax_kl) = new_figure(ncols=2)
             fig.set_size_inches(9.0, 3.2)
             ax_acc.plot(self.steps, self.accuracy, ".-", color=RUN_COLOUR, label="this run")
             for phase in (1, 2, 3):

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from repro.algos import rollout_corr_metrics
-from repro.analysis.mismatch_sources import ALL_ON, checked_seeds, recipe_prompts
+from repro.studies.mismatch_sources import ALL_ON, checked_seeds, recipe_prompts
 from repro.fp8.quant import dequantize_block, e4m3fn_to_e4m3fnuz, quantize_block
 from repro.data.recipe_datasets import load_dataset
 from repro.fp8.rules import decide

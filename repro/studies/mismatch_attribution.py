@@ -2,7 +2,7 @@
 
 A run logs the mismatch in LumenRL's position buckets (``rollout_corr/pos_*``: 0-127, 128-511, ...), which a
 ~160-token tiny-cpu-long answer fills only two of; ``run_position_table`` reads them from run directories. The
-attribution works on one fixed batch (``repro.analysis.mismatch_sources.sample_fixed_batch``: the recipe's prompts
+attribution works on one fixed batch (``repro.studies.mismatch_sources.sample_fixed_batch``: the recipe's prompts
 sampled with every rollout numeric on, from the warm start or a run's checkpoint) and rescores it once per row of
 ``ATTRIBUTION``, each switching one source off or replaying it, in ``bucket_width``-token buckets:
 
@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from repro.algos import logprobs_from_logits, rollout_corr_metrics
-from repro.analysis.mismatch_sources import ALL_ON, bucket_stats, over_seeds, rollout_engine, sample_fixed_batch
+from repro.studies.mismatch_sources import ALL_ON, bucket_stats, over_seeds, rollout_engine, sample_fixed_batch
 from repro.metric_keys import POSITION_BUCKET_EDGES
 from repro.model.hf_folder import load_checkpoint
 from repro.model.indexer_choices import IndexerChoices, choice_disagreement
