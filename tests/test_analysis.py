@@ -162,3 +162,27 @@ def test_repeated_step_keeps_last_row(tmp_path):
     with open(run_dir / "metrics.jsonl", "a") as handle:
         handle.write(json.dumps({"kind": "train", "step": 2, "reward/accuracy": 0.99}) + "\n")
     assert load_run(run_dir).train.loc[2, "reward/accuracy"] == 0.99
+
+
+def test_the_mismatch_at_the_end_of_a_run_is_read_at_step_75_or_the_last_logged_one(tmp_path):
+    """Notebook 13's table and recorded results (repro.analysis.summary), on a run whose KL/ESS rows are known."""
+    from repro.analysis.frame import ESS, K3_KL, KL
+
+    run = load_run(write_synthetic_run(tmp_path / "run", steps=75, seed=2))
+    short = load_run(write_synthetic_run(tmp_path / "short", steps=30, seed=2))
+    at = summary.mismatch_at_step(run)
+    assert at["kl"] == (75, float(run.train.loc[75, KL])) and at["ess"] == (75, float(run.train.loc[75, ESS]))
+    assert summary.mismatch_at_step(short)["k3"] == (30, float(short.train.loc[30, K3_KL]))  # the last logged step
+    no_k3 = run.train.drop(columns=[K3_KL])
+    run_without_k3 = type(run)(**{**vars(run), "train": no_k3})
+    assert summary.mismatch_at_step(run_without_k3)["k3"] == (None, None)
+
+    results = summary.mismatch_at_end_results([run, short])
+    assert list(results) == ["kl_step", "kl", "k3_step", "k3", "ess_step", "ess", "kl_mean", "ess_mean"]
+    assert results["kl_step"] == {run.label: 75, short.label: 30}
+    assert results["ess_mean"][run.label] == pytest.approx(float(run.train[ESS].mean()))
+
+    table = summary.mismatch_at_end_table([run], {"kl": 0.4706, "ess": 0.791})
+    assert table.loc["KL, k1 estimator (can be < 0)", "AMD"] == 0.4706 and table.loc["effective sample size: at step", "AMD"] == 75
+    assert math.isnan(table.loc["KL, k3 estimator (≥ 0)", "AMD"])  # AMD published no k3
+    assert summary.mismatch_quantities(table)["effective sample size"] == "fraction"

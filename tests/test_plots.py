@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from repro.analysis import MetricsError, load_run, load_source
@@ -149,3 +150,29 @@ def test_figures_command(run_dir, tmp_path):
     sources = [str(run_dir), str(DATA / "lumenrl" / "train.log"), "wandb:" + str(DATA / "wandb" / "panel_*.csv")]
     assert figures.run(parser.parse_args(sources + ["--out", str(tmp_path / "three")])) == 0
     assert len(list((tmp_path / "three").glob("*.svg"))) == 4
+
+
+def test_the_mismatch_by_position_says_where_a_log_has_no_abs_diff_instead_of_an_empty_panel():
+    """A source with rollout_corr/pos_* k1/k3 but no |Δ log p| per bucket: the lower panel holds no curve and no
+    legend, and says which source did not log it."""
+    from repro.analysis.frame import RunFrames
+    from repro.analysis.plots import plot_mismatch_by_position
+    from repro.metric_keys import position_buckets, position_key
+
+    rows = {}
+    for step in (1, 2):
+        row = {}
+        for start, end in position_buckets()[:2]:
+            row[position_key(start, end, "kl")] = 0.01 * step
+            row[position_key(start, end, "k3_kl")] = 0.02 * step
+            row[position_key(start, end, "tokens")] = 100.0
+        rows[step] = row
+    train = pd.DataFrame.from_dict(rows, orient="index")
+    train.index.name = "step"
+    frames = RunFrames(train=train, eval=pd.DataFrame(index=pd.Index([], name="step")), recipe=None,
+                       label="no-abs", kind="lumenrl", source=Path("x.log"))
+    fig = plot_mismatch_by_position([frames])
+    ax_kl, ax_abs = fig.axes[:2]
+    assert len([line for line in ax_kl.get_lines() if not line.get_label().startswith("_")]) == 2
+    assert not ax_abs.get_lines() and ax_abs.get_legend() is None
+    assert [t.get_text() for t in ax_abs.texts] == ["mean |Δ log p| by position not logged: no-abs"]

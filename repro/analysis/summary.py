@@ -253,3 +253,50 @@ def mismatch_by_position(frames: RunFrames, first_step: int | None = None,
     table = pd.DataFrame.from_dict(rows, orient="index", columns=["steps", "tokens", "kl", "k3_kl", "abs_diff"])
     table.index.name = "response position"
     return table
+
+
+# the mismatch at the end of the run (notebook 13): row label of its table, metric, short name in its results
+END_MISMATCH = (("KL, k1 estimator (can be < 0)", KL, "kl"), ("KL, k3 estimator (≥ 0)", K3_KL, "k3"),
+                ("effective sample size", ESS, "ess"))
+
+
+def mismatch_at_step(frames: RunFrames, step: int = 75) -> dict[str, tuple[int, float] | tuple[None, None]]:
+    """Short name ('kl', 'k3', 'ess') -> (step, value) at ``step`` (or the last logged step); (None, None) where the
+    source logs no value of it."""
+    train = frames.train
+    return {short: value_at_step(frames.require(key), step) if key in train.columns and train[key].notna().any()
+            else (None, None) for _, key, short in END_MISMATCH}
+
+
+def mismatch_at_end_table(runs: list[RunFrames], amd: dict[str, float], step: int = 75) -> pd.DataFrame:
+    """Rows: each END_MISMATCH quantity and the step it was read at; columns: each source, then AMD's (``amd``: short
+    name -> AMD's value at step 75)."""
+    columns = {}
+    for frames in runs:
+        values = {}
+        for (row, _, short), (at, value) in zip(END_MISMATCH, mismatch_at_step(frames, step).values()):
+            if at is not None:
+                values[row], values[f"{row}: at step"] = value, at
+        columns[frames.label] = values
+    columns["AMD"] = {f"{row}{suffix}": value for row, _, short in END_MISMATCH if short in amd
+                      for suffix, value in (("", amd[short]), (": at step", 75))}
+    return pd.DataFrame(columns)
+
+
+def mismatch_at_end_results(runs: list[RunFrames], step: int = 75) -> dict[str, dict]:
+    """The recorded results of notebook 13's end-of-run mismatch: ``<short>_step`` and ``<short>`` per source
+    (None where not logged), and the run means of KL and ESS."""
+    at = {frames.label: mismatch_at_step(frames, step) for frames in runs}
+    results: dict[str, dict] = {}
+    for _, _, short in END_MISMATCH:
+        results[f"{short}_step"] = {label: values[short][0] for label, values in at.items()}
+        results[short] = {label: values[short][1] for label, values in at.items()}
+    results["kl_mean"] = {f.label: float(f.train[KL].mean()) for f in runs if KL in f.train.columns}
+    results["ess_mean"] = {f.label: float(f.train[ESS].mean()) for f in runs if ESS in f.train.columns}
+    return results
+
+
+def mismatch_quantities(table: pd.DataFrame) -> dict[str, str]:
+    """How ``formatted_rows`` shows each row of ``mismatch_at_end_table``: steps, the ESS fraction, KL values."""
+    return {row: "step" if row.endswith("at step") else "fraction" if row.startswith("effective") else "kl"
+            for row in table.index}
