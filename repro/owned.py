@@ -110,12 +110,15 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
     return path
 
 
-def links_leaving(folder: Path) -> list[Path]:
-    """Links under ``folder`` (not followed) that point outside it or nowhere known: writing through one would
-    change a file the folder does not hold. Links within it (W&B's ``latest-run``) are its own."""
+def links_leaving(folder: Path, skip: Iterable[str] = ()) -> list[Path]:
+    """Links under ``folder`` (not followed) that point outside it: writing through one would change a file the
+    folder does not hold. Links within it are its own; top-level entries named in ``skip`` are not looked into
+    (another program's folder: W&B links its debug logs to ~/.cache and writes them itself)."""
     root = Path(folder).resolve()
     found = []
     for top, dirs, files in os.walk(folder):
+        if Path(top) == Path(folder):
+            dirs[:] = [d for d in dirs if d not in skip or (Path(top) / d).is_symlink()]
         for name in dirs + files:
             path = Path(top) / name
             if path.is_symlink():
@@ -125,9 +128,9 @@ def links_leaving(folder: Path) -> list[Path]:
     return sorted(found)
 
 
-def check_no_links_out(folder: Path, what: str, flag: str) -> None:
-    """Refuse a ``what`` folder holding a link that leaves it, naming the first."""
-    leaving = links_leaving(folder)
+def check_no_links_out(folder: Path, what: str, flag: str, skip: Iterable[str] = ()) -> None:
+    """Refuse a ``what`` folder holding a link that leaves it, naming the first (``skip``: see links_leaving)."""
+    leaving = links_leaving(folder, skip)
     if leaving:
         more = f" (and {len(leaving) - 1} more)" if len(leaving) > 1 else ""
         raise NotOurs(f"{leaving[0]}: a link out of the {what} (to {os.readlink(leaving[0])}){more}; repro writes "
