@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from repro.analysis.frame import RECIPE_FILE, frames_from_rows, read_jsonl, read_recipe
+from repro.analysis.frame import RECIPE_FILE, checked_rows, frames_from_rows, read_jsonl_numbered, read_recipe
 from repro.analysis.model_card import ExportFacts, model_card
 from repro.errors import CheckpointError
 from repro.model.streamed_export import plan_weights, write_weights
@@ -124,7 +124,7 @@ def _metrics_frames(run_dir: Path, checkpoint: Checkpoint, recipe):
     """The log up to the exported step: the copy the checkpoint holds, else the run's own cut at the step."""
     own = checkpoint.path / "metrics.jsonl"
     path = own if own.is_file() else run_dir / "metrics.jsonl"
-    rows = [row for row in read_jsonl(path) if int(row.get("step", -1)) <= checkpoint.step]
+    rows = [row for row in checked_rows(read_jsonl_numbered(path), path, own=True)[0] if row["step"] <= checkpoint.step]
     return frames_from_rows(rows, path, recipe, label=run_dir.name)
 
 
