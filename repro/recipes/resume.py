@@ -110,9 +110,10 @@ def _show(value) -> str:
     return "null" if value is None else repr(value)
 
 
-def resume_changes(stored_path: Path, given: Recipe) -> dict[str, list]:
+def resume_changes(stored_path: Path, given: Recipe, hint: str | None = None) -> dict[str, list]:
     """{field: [run's value, given value]} for the RESUMABLE fields ``given`` changes; raises RecipeError listing
-    every other difference. An absent record (a run stopped before writing it) has nothing to differ from."""
+    every other difference (``hint``: what to do instead). An absent record (a run stopped before writing it) has
+    nothing to differ from."""
     if not stored_path.is_file():
         return {}
     stored = _flat(Recipe.model_validate(read_run_recipe(stored_path)).model_dump(mode="json"))
@@ -121,10 +122,10 @@ def resume_changes(stored_path: Path, given: Recipe) -> dict[str, list]:
     blocked = {k: v for k, v in differ.items() if not may_change(k)}
     if blocked:
         listed = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, (a, b) in blocked.items())
-        raise RecipeError(
-            f"run dir {stored_path.parent} ran another recipe; --resume runs the recipe the run started with "
-            f"({stored_path}), and these fields would change training: {listed}. Resume with the run's own recipe "
-            f"(repro run --resume --run-dir {stored_path.parent}, no --recipe), or start a new --run-dir")
+        hint = hint or (f"resume with the run's own recipe (repro run --resume --run-dir {stored_path.parent}, no "
+                        "--recipe), or start a new --run-dir")
+        raise RecipeError(f"--resume runs the recipe the run started with, as {stored_path} records it; these "
+                          f"fields differ and would change training: {listed}. {hint[0].upper()}{hint[1:]}")
     return {k: v for k, v in differ.items()}
 
 

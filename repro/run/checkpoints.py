@@ -2,7 +2,7 @@
 
 Layout: ``checkpoints/step_000025/`` holds ``trainer/`` (weights, optimizer, RNG: written by the trainer),
 ``loop_state.json`` (step, prompt-sampler position, driver RNG, weight version), ``metrics.jsonl`` (the log up
-to that step) and ``COMPLETE`` (the step and every file's size and content digest, written last, after every file
+to that step), ``recipe.yaml`` (the recipe it was trained with: a resume is checked against it) and ``COMPLETE`` (the step and every file's size and content digest, written last, after every file
 is fsynced). A folder named ``step_*`` only ever appears by an atomic rename of a finished one, so a kill during a
 write leaves a ``.tmp-*`` folder that is ignored and cleaned up, and the previous checkpoint stands; a write that
 fails (a full disk) removes its temp folder and raises naming the step.
@@ -107,7 +107,10 @@ def seal_checkpoint(folder: Path, step: int) -> None:
     _fsync(folder)
 
 
-def save_checkpoint(root: str | Path, step: int, trainer, loop_state: dict, metrics_path: Path, keep_last: int) -> Checkpoint:
+def save_checkpoint(root: str | Path, step: int, trainer, loop_state: dict, metrics_path: Path, keep_last: int,
+                    recipe_path: Path | None = None) -> Checkpoint:
+    """Write checkpoint ``step`` (module docstring): the trainer's state, the loop state, the log so far and the
+    recipe it ran (``recipe_path``: a resume compares against it), sealed with every file's digest."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -120,6 +123,8 @@ def save_checkpoint(root: str | Path, step: int, trainer, loop_state: dict, metr
         (tmp / STATE_FILE).write_text(json.dumps({**loop_state, "step": step}))
         if metrics_path.exists():
             shutil.copyfile(metrics_path, tmp / "metrics.jsonl")
+        if recipe_path is not None and recipe_path.is_file():
+            shutil.copyfile(recipe_path, tmp / "recipe.yaml")
         seal_checkpoint(tmp, step)
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)

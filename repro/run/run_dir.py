@@ -66,12 +66,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = F
             f"run dir {run_dir}: {free / 1e9:.2f} GB free, checkpoints need about {need / 1e9:.2f} GB "
             f"({recipe.checkpoint.keep_last} kept + 1 being written, {checkpoint_bytes(recipe) / 1e9:.2f} GB each)"
         )
-    stored, changes = run_dir / RECIPE_FILE, {}
-    if resume:
-        if stored.is_file():
-            read_run_recipe(stored)  # an unreadable record is refused naming its line
-        check_conventions_kept(recipe, stored)
-        changes = resume_changes(stored, recipe)
+    stored = run_dir / RECIPE_FILE
+    changes = resume_recipe_changes(recipe, run_dir) if resume else {}
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise ReproError(
             f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
@@ -88,6 +84,23 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = F
             {"kind": RESUME, "step": newest.step if newest else 0, "changed": changes})
         print(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
               f"recorded as a resume row in {run_dir / 'metrics.jsonl'}")
+    return changes
+
+
+def resume_recipe_changes(recipe: Recipe, run_dir: Path) -> dict[str, list]:
+    """What a resume of ``run_dir`` with ``recipe`` changes of the recipe the run started with (RESUMABLE fields
+    only; repro.recipes.resume refuses any other difference), checked against the run's recipe.yaml and against
+    the copy the newest checkpoint that verifies holds (so a recipe.yaml edited since is refused too). Reads only."""
+    stored = run_dir / RECIPE_FILE
+    if stored.is_file():
+        read_run_recipe(stored)  # an unreadable record is refused naming its line
+    check_conventions_kept(recipe, stored)
+    changes = resume_changes(stored, recipe)
+    newest = latest_checkpoint(run_dir / "checkpoints")
+    if newest is not None and (newest.path / RECIPE_FILE).is_file():
+        resume_changes(newest.path / RECIPE_FILE, recipe, hint=(
+            f"{stored} was changed since step {newest.step} was trained with it: put those values back there, or "
+            "start a new --run-dir"))
     return changes
 
 

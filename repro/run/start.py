@@ -29,7 +29,7 @@ from repro.run.loop import train
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.restarts import Restarts, StepFailed, at_step
-from repro.run.run_dir import check_inputs, open_run, run_dir_lock
+from repro.run.run_dir import check_inputs, open_run, resume_recipe_changes, run_dir_lock
 from repro.run.state import Progress, no_progress
 from repro.train.threads import use_worker_threads
 
@@ -70,6 +70,8 @@ def run_repro(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progre
                           already_finished=True)
     # before the lock file is made in a folder that is not a run's, and before fresh removes anything
     check_run_folder(run_dir, plan.resume or bool(plan.fresh))
+    if plan.resume:
+        resume_recipe_changes(recipe, run_dir)  # a refused resume leaves the folder as it was, lock file included
     with run_dir_lock(run_dir), ExitStack() as stack:
         if plan.fresh:
             clear_for_fresh(run_dir, plan.fresh, say)  # says what it removes, then removes it
