@@ -3,8 +3,8 @@
 Every command that writes a folder (``repro report --out``, ``repro convert --output --overwrite``, a fresh run)
 builds the new one aside and renames it in. A folder already at that name is replaced only when
 
-- it carries the project's own marker (a report's ``.repro-report.json``, a conversion's ``fp8_conversion.json``;
-  a run folder is emptied only by ``fresh``: repro.run.folder), and
+- it carries the project's own marker (a report's ``.repro-report.json``, a conversion's ``fp8_conversion.json``,
+  a built model's ``.repro-model.json``; a run folder is emptied only by ``fresh``: repro.run.folder), and
 - it is not a source the command reads, a folder holding one, or a run folder (its metrics, recipe, checkpoints).
 
 Otherwise the command refuses with one line naming the folder and the flag that sends the output elsewhere; nothing

@@ -113,6 +113,18 @@ def test_convert_overwrites_only_its_own_earlier_output(bf16, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fp8", "models"]  # no .old or .partial left
 
 
+def test_build_tiny_replaces_only_a_model_folder_it_wrote(tmp_path, capsys):
+    mine = user_folder(tmp_path / "mine")
+    before = tree(tmp_path)
+    assert refused(capsys, "build-tiny", "--out", mine) == (
+        f"{mine}: exists and is not a model folder repro wrote (no .repro-model.json); nothing was replaced: "
+        "name another folder with --out")
+    assert tree(tmp_path) == before
+    ok(capsys, "build-tiny", "--out", tmp_path / "tiny")
+    ok(capsys, "build-tiny", "--out", tmp_path / "tiny", "--layout", "hf")  # its own folder: replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "tiny"]
+
+
 # ------------------------------------------------------------------------------------------------ fresh
 def test_fresh_is_off_by_default_in_every_notebook_and_command():
     from repro.commands import notebooks
