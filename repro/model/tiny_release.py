@@ -159,7 +159,9 @@ def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         yield tmp
-        for name, text in {**(extra_files or {}), MODEL_MARKER: json.dumps({"written_by": "repro"}) + "\n"}.items():
+        # the marker goes where a later build may replace the folder (an export is never replaced)
+        marker = {MODEL_MARKER: json.dumps({"written_by": "repro"}) + "\n"} if replace else {}
+        for name, text in {**(extra_files or {}), **marker}.items():
             (tmp / name).write_text(text)
         tmp.chmod(0o755)  # mkdtemp makes a private folder; a shipped checkpoint is read like any other file
         for file in tmp.iterdir():
