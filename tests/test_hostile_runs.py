@@ -85,16 +85,6 @@ def test_an_unreadable_recipe_yaml_is_refused_naming_file_and_line(run, capsys):
     assert tree(run) == before
 
 
-def test_a_resume_may_extend_steps_and_restarts_and_records_it(run, capsys):
-    (run / "my-notes.txt").write_text("kept\n")
-    ok(capsys, *resume("--run-dir", run, "--steps", "3", "--max-restarts", "1"))
-    rows = MetricsLog(run / "metrics.jsonl").rows()
-    assert {"kind": "resume", "step": 2, "changed": {"checkpoint.max_restarts": [0, 1], "steps": [2, 3]}} in rows
-    assert [(r["kind"], r["step"]) for r in rows if r["kind"] == "train"] == [("train", 1), ("train", 2), ("train", 3)]
-    assert "steps: 3\n" in (run / "recipe.yaml").read_text()
-    assert (run / "my-notes.txt").read_text() == "kept\n"
-
-
 def test_a_plain_resume_of_a_finished_run_changes_nothing(run, capsys):
     before = tree(run)
     assert "the run is finished" in ok(capsys, *resume("--run-dir", run))  # the run's own recipe: no --recipe
@@ -160,8 +150,15 @@ def test_a_checkpoint_corrupt_at_the_same_size_is_skipped_and_the_one_before_use
     said = ok(capsys, "export", run, "--out", tmp_path / "e")
     assert f"not exported: {run / 'checkpoints' / 'step_000002'} ({why})" in said
     assert f"{tmp_path / 'e'}: step 1, deepseek layout" in said
-    ok(capsys, *resume("--run-dir", run, "--steps", "3"))  # falls back to step 1, recomputes 2 and 3
+    # the good case: a resume that extends the run and allows a restart (fields a resume may change), from the
+    # checkpoint before the corrupt one; the user's file beside the run is left alone
+    (run / "my-notes.txt").write_text("kept\n")
+    ok(capsys, *resume("--run-dir", run, "--steps", "3", "--max-restarts", "1"))
     assert usable_checkpoint(run / "checkpoints")[0].step == 3
+    rows = MetricsLog(run / "metrics.jsonl").rows()
+    assert {"kind": "resume", "step": 1, "changed": {"checkpoint.max_restarts": [0, 1], "steps": [2, 3]}} in rows
+    assert [(r["kind"], r["step"]) for r in rows if r["kind"] == "train"] == [("train", 1), ("train", 2), ("train", 3)]
+    assert "steps: 3\n" in (run / "recipe.yaml").read_text() and (run / "my-notes.txt").read_text() == "kept\n"
 
 
 @pytest.mark.parametrize("marker, why", [
