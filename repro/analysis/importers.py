@@ -51,8 +51,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from repro.analysis.frame import (ACCURACY, SCORE, STEP_SECONDS, THROUGHPUT, MetricsError, RunFrames,
-                                  frames_from_rows, read_jsonl)
+from repro.analysis.frame import (ACCURACY, MAX_NOTES, SCORE, STEP_SECONDS, THROUGHPUT, MetricsError, RunFrames,
+                                  checked_rows, frames_from_rows, read_jsonl_numbered)
+from repro.metric_rows import MAX_STEP, RowError, left_out, step_number
 from repro.metric_keys import (
     ENTROPY, EVAL_AVG_PREFIX, EVAL_SECONDS, GENERATED_TOKENS, GRAD_NORM, LOSS, LR, RESPONSE_LENGTH, timing_key,
 )
@@ -133,9 +134,10 @@ def _is_eval_column(name: str) -> bool:
     return name.startswith(EVAL_PREFIXES) or name == EVAL_SECONDS
 
 
-def with_step_column(table: pd.DataFrame, source: Path) -> pd.DataFrame:
+def with_step_column(table: pd.DataFrame, source: Path, lines: list[int] | None = None) -> pd.DataFrame:
     """The table with one int ``step`` column first, coalesced row by row from STEP_KEYS (verl logs its val at
-    step 0 before training/global_step exists, so W&B's _step fills that row)."""
+    step 0 before training/global_step exists, so W&B's _step fills that row). A step that is not a whole number
+    in 0..MAX_STEP is refused, naming the file and (``lines``: the line of each row) the line."""
     present = [k for k in STEP_KEYS if k in table.columns]
     if not present:
         raise MetricsError(f"{source}: no step column (looked for {', '.join(STEP_KEYS)})")
@@ -144,17 +146,45 @@ def with_step_column(table: pd.DataFrame, source: Path) -> pd.DataFrame:
         step = step.fillna(pd.to_numeric(table[key], errors="coerce"))
     if step.isna().any():
         raise MetricsError(f"{source}: {int(step.isna().sum())} rows have no step value")
+    values = step.to_numpy(dtype=float)
+    bad = np.flatnonzero(~np.isfinite(values) | (values != np.round(values)) | (values < 0) | (values > MAX_STEP))
+    if len(bad):
+        row = int(bad[0])
+        where = f"{source}:{lines[row]}" if lines is not None else f"{source} (row {row + 1})"
+        try:
+            step_number(float(values[row]), f"{where}: step")
+        except RowError as err:
+            raise MetricsError(str(err)) from None
     out = table.drop(columns=present)
     out.insert(0, "step", step.astype("int64").to_numpy())
     return out
 
 
+def _without_infinities(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Infinite values set missing (left out of every mean), each named in a note (a CSV's NaN is W&B's blank)."""
+    notes = []
+    numeric = [c for c in table.columns if c != "step" and pd.api.types.is_float_dtype(table[c])]
+    for column in numeric:
+        infinite = np.isinf(table[column].to_numpy())
+        if infinite.any():
+            notes += [left_out(int(table["step"].iloc[i]), column, float(table[column].iloc[i]))
+                      for i in np.flatnonzero(infinite)]
+            table[column] = table[column].where(~infinite)
+    if len(notes) > MAX_NOTES:
+        notes = notes[:MAX_NOTES] + [f"{len(notes) - MAX_NOTES} more non-finite values left out"]
+    return table, notes
+
+
 def frames_from_table(table: pd.DataFrame, source: Path, data_source: str | None = None,
                       accuracy_from_score: bool = True, trajectories_per_step: int | None = None,
-                      kind: str = "jsonl", label: str = "", notes: list[str] | None = None) -> RunFrames:
-    """One wide table (a row per logged step, train and eval keys mixed as verl and LumenRL log them) -> RunFrames."""
+                      kind: str = "jsonl", label: str = "", notes: list[str] | None = None,
+                      lines: list[int] | None = None) -> RunFrames:
+    """One wide table (a row per logged step, train and eval keys mixed as verl and LumenRL log them) -> RunFrames.
+    ``lines``: the source line of each row, for errors."""
     notes = list(notes or [])
-    table = with_step_column(collapse_mirrors(table), source)
+    table = with_step_column(collapse_mirrors(table), source, lines)
+    table, left = _without_infinities(table)
+    notes += left
     mapping = canonical_columns(table.columns, data_source, source)
     table = table.rename(columns=mapping).groupby("step", sort=True).last()  # a step logged in pieces: one row
     origins = {ours: theirs for theirs, ours in mapping.items()}
@@ -198,11 +228,15 @@ def read_verl_jsonl(path: str | Path, data_source: str | None = None, accuracy_f
     """A JSONL of verl/LumenRL metric dicts, one logged step per line (our own metrics.jsonl, whose rows carry
     ``kind``, is read as it is written)."""
     path = Path(path)
-    rows = [_flatten(r) for r in read_jsonl(path)]
-    if all("kind" in r for r in rows):
-        return frames_from_rows(rows, path, None, label=label, kind="repro")
+    numbered = [(n, _flatten(r)) for n, r in read_jsonl_numbered(path)]
+    if all("kind" in r for _, r in numbered):
+        rows, left = checked_rows(numbered, path, own=True)
+        frames = frames_from_rows(rows, path, None, label=label, kind="repro")
+        frames.notes.extend(left)
+        return frames
+    rows, left = checked_rows(numbered, path, own=False, step_keys=STEP_KEYS)
     return frames_from_table(pd.DataFrame(rows), path, data_source, accuracy_from_score, trajectories_per_step,
-                             kind="jsonl", label=label)
+                             kind="jsonl", label=label, notes=left, lines=[n for n, _ in numbered])
 
 
 def _panel_to_history(table: pd.DataFrame, path: Path, run: str | None) -> pd.DataFrame:
@@ -285,7 +319,7 @@ def read_wandb_csv(paths, run: str | None = None, data_source: str | None = None
         if len(table.columns) > 1 and all(PANEL_COLUMN.match(c) for c in table.columns[1:]):
             table = _panel_to_history(table, path, run)
         table = _numeric_columns(table, path, lines, notes)
-        parts.append(with_step_column(table, path).groupby("step", sort=True).last())
+        parts.append(with_step_column(table, path, lines[1:]).groupby("step", sort=True).last())
     merged = parts[0]
     for part in parts[1:]:  # one panel per metric is the usual export: align them on the step
         merged = merged.combine_first(part)

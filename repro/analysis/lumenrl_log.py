@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.analysis.frame import MetricsError, RunFrames, warn_torn_line
+from repro.analysis.frame import MAX_NOTES, MetricsError, RunFrames, warn_torn_line
+from repro.metric_rows import RowError, left_out, non_finite, step_number
 from repro.analysis.importers import frames_from_table
 
 # The message starts at the line start or right after the logging prefix's "name: ".
@@ -87,7 +88,10 @@ def read_lumenrl_log(path: str | Path, data_source: str | None = None, label: st
             if values:  # it began as metrics and broke off: corruption, not a message that mentions a step
                 raise MetricsError(f"{path}:{number}: LumenRL metrics line does not parse: {error}")
             continue
-        step = int(match["step"])
+        try:
+            step = step_number(int(match["step"]), f"{path}:{number}: step")
+        except RowError as err:
+            raise MetricsError(str(err)) from None
         if match["eval"]:
             eval_zero |= step == 0
         else:
@@ -102,8 +106,12 @@ def read_lumenrl_log(path: str | Path, data_source: str | None = None, label: st
         table.loc[~eval_lines, "step"] += 1
     if shift_evals:
         table.loc[eval_lines, "step"] += 1
-    table = table.drop(columns="_eval_line").replace([math.inf, -math.inf], math.nan)
-    notes = []
+    table = table.drop(columns="_eval_line")
+    notes = [left_out(int(step), key, value) for key in table.columns if key != "step"
+             for step, value in zip(table["step"], table[key]) if non_finite(value)]
+    if len(notes) > MAX_NOTES:
+        notes = notes[:MAX_NOTES] + [f"{len(notes) - MAX_NOTES} more non-finite values left out"]
+    table = table.replace([math.inf, -math.inf], math.nan)  # left out of every mean, named in the notes
     if zero_based:
         notes.append("The log counts training steps from 0 (LumenRL before its 1-based logging); shifted by one so "
                      "step N is the state after N updates")

@@ -13,6 +13,7 @@ from repro.analysis.compare import AMD_STEPS, compare_to_amd
 from repro.analysis.compare_published import compare_to_published
 from repro.analysis.formats import fmt
 from repro.analysis.frame import STEP_SECONDS, RunFrames
+from repro.owned import NotOurs, check_apart, write_atomic
 from repro.reference import PublishedRun, amd_facts, published_run
 
 TITLE = "comparison with AMD's DeepSeek-V4-Flash RL run (24 x MI308X)"
@@ -161,15 +162,29 @@ def amd_value_dates() -> str:
     return f"{facts['run_start']} to {facts['run_end']}"
 
 
-def write_report(sources: RunFrames | list[RunFrames], path: str | Path, reference: str = "amd") -> Path:
-    """Write the Markdown report (against ``reference``, AMD's run by default) atomically (temp file + rename)."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
+def is_report_file(path: Path) -> bool:
+    """A comparison this module wrote: its first line is one of the report's headings (against AMD's run, or
+    "comparison with" another published run)."""
     try:
-        tmp.write_text(render_report(sources, reference))
-        tmp.replace(final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline().rstrip("\n")
+    except OSError:
+        return False
+    return first.startswith("# ") and (first.endswith(TITLE) or ": comparison with " in first)
 
+
+def write_report(sources: RunFrames | list[RunFrames], path: str | Path, reference: str = "amd") -> Path:
+    """Write the Markdown report (against ``reference``, AMD's run by default) atomically (temp file + rename). An
+    existing file is replaced only when it is a comparison repro wrote, never a log it was read from nor a file of
+    the user's (repro.owned)."""
+    final = Path(path)
+    frames = [sources] if isinstance(sources, RunFrames) else list(sources)
+    flag = "name another file with --out"
+    check_apart(final, [f.source for f in frames], flag)
+    if final.is_symlink() or (final.exists() and not final.is_file()):
+        raise NotOurs(f"{final}: exists and is not a file repro may write (a link or a folder); {flag}")
+    if final.exists() and not is_report_file(final):
+        raise NotOurs(f"{final}: exists and is not a comparison repro wrote (its first line is not "
+                      f"'# ...{TITLE}'); nothing was replaced: {flag}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(final, render_report(frames, reference))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     result = export_run(args.run_dir, args.out, step=args.step, layout=args.layout, dtype=args.dtype,
-                        max_shard_bytes=args.max_shard_size, model_dir=args.model_dir)
+                        max_shard_bytes=args.max_shard_size, model_dir=args.model_dir,
+                        say=lambda line: print(line, file=sys.stderr))
     seconds = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     summary = {"output": str(result.folder), "step": result.step, "layout": result.layout, "tensors": result.tensors,

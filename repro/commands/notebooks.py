@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.notebooks import CHAIN, run_chain
+from repro.run.folder import DELETE_RUN, clear_for_fresh, plan_fresh, run_dir_lock
 
 
 def add_arguments(parser):
@@ -28,15 +29,18 @@ def add_arguments(parser):
                         help="leave a notebook out (repeatable)")
     parser.add_argument("--parallel", type=int, default=2, metavar="N",
                         help="notebooks of one wave run N at a time (00+01, then 10-20; the runs alone); 1: in order")
-    parser.add_argument("--fresh", action="store_true", help="delete an existing run directory first")
+    parser.add_argument("--fresh", nargs="?", const=True, default=False, choices=(True, DELETE_RUN), metavar="WORD",
+                        help="start the run directory over: --fresh removes a smoke run's files only (a run of at "
+                             f"most 3 steps); --fresh {DELETE_RUN} removes a longer run's. Says what it removes "
+                             "first; files that are not the run's stay")
 
 
 def run(args) -> int:
-    import shutil
-
     run_dir = Path(args.run_dir)
-    if args.fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
+    if args.fresh:
+        plan_fresh(run_dir, args.fresh)  # refused before the lock file is made in a folder that is not a run's
+        with run_dir_lock(run_dir):  # not while a run uses the folder
+            clear_for_fresh(run_dir, args.fresh)
     result = run_chain(run_dir, args.recipe, args.steps, overrides=args.overrides, in_process=args.in_process,
                        figures_dir=args.figures, notebooks=args.only, skip=args.skip,
                        parallel=args.parallel)

@@ -25,6 +25,8 @@ def add_arguments(parser):
 def run(args) -> int:
     from repro.run.rollouts_file import read_rollouts, rollout_steps, rollouts_path
 
+    if not args.run_dir.is_dir():
+        raise ReproError(f"{args.run_dir}: no such folder (a repro run directory, e.g. runs/tiny-cpu)")
     path = rollouts_path(args.run_dir, args.step)
     if not path.is_file():
         steps = rollout_steps(args.run_dir)

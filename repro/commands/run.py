@@ -7,14 +7,21 @@ from pathlib import Path
 
 from repro.recipes import list_recipes, load_recipe
 from repro.recipes.backends import engine_of
+from repro.recipes.resume import load_run_recipe, recipe_path
+
+DEFAULT_RECIPE = "tiny-cpu"
 from repro.run.progress import progress_bar
 
 
 def add_arguments(parser, default_steps: int | None = None):
-    parser.add_argument("--recipe", default="tiny-cpu", help=f"committed recipe ({', '.join(list_recipes())}) or YAML path")
+    parser.add_argument("--recipe", default=None, help=f"committed recipe ({', '.join(list_recipes())}) or YAML path "
+                                                        f"(default {DEFAULT_RECIPE}; with --resume, the run's own)")
     parser.add_argument("--steps", type=int, default=default_steps, help="optimizer steps (default: the recipe's)")
     parser.add_argument("--run-dir", help="run directory (default: runs/<recipe name>)")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest checkpoint that verifies, with the recipe the run started "
+                             "with (RUN_DIR/recipe.yaml); only --steps, tracking, checkpoint cadence, restarts and "
+                             "timeouts may change (repro/recipes/resume.py)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
                         help="when a worker dies, restart both groups and resume from the newest complete checkpoint, "
                              "at most N times (checkpoint.max_restarts; default: the recipe's, 0)")
@@ -33,7 +40,7 @@ def execute(args) -> Path:
     overrides = list(args.overrides)
     if args.max_restarts is not None:
         overrides.append(f"checkpoint.max_restarts={args.max_restarts}")
-    recipe = load_recipe(args.recipe, overrides, steps=args.steps)
+    recipe = run_recipe_of(args, overrides)
     run_dir = Path(args.run_dir or Path("runs") / recipe.name)
     progress = no_progress if args.quiet else progress_bar(recipe.steps)
     try:
@@ -44,6 +51,16 @@ def execute(args) -> Path:
         print(f"run finished in {outcome.seconds:.1f} s (warm-up {outcome.warmup_s:.1f} s): {run_dir} "
               f"({', '.join(run_records(recipe))})")
     return run_dir
+
+
+def run_recipe_of(args, overrides: list[str]):
+    """The recipe to run: ``--recipe`` (default tiny-cpu); with ``--resume`` and no ``--recipe``, the one the run
+    in ``--run-dir`` (default runs/tiny-cpu) started with, as its recipe.yaml records it."""
+    if args.recipe is None and args.resume:
+        stored = recipe_path(args.run_dir or Path("runs") / load_recipe(DEFAULT_RECIPE).name)
+        if stored.is_file():
+            return load_run_recipe(stored, overrides, steps=args.steps)
+    return load_recipe(args.recipe or DEFAULT_RECIPE, overrides, steps=args.steps)
 
 
 def run_records(recipe) -> list[str]:

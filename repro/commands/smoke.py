@@ -11,6 +11,6 @@ def add_arguments(parser):
 
 def run(args) -> int:
     if args.run_dir is None:
-        args.run_dir = f"runs/{load_recipe(args.recipe).name}-smoke"
+        args.run_dir = f"runs/{load_recipe(args.recipe or run_command.DEFAULT_RECIPE).name}-smoke"
     run_command.execute(args)
     return 0

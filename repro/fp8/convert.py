@@ -9,6 +9,9 @@ What it guarantees:
 - Shards are streamed: a tensor is read, converted (`repro.fp8.stream.quantize_tensors`, checked against the
   error bound) and written before the next is read, so memory is bounded by the largest tensor (plus
   cache-sized scratch), not by the shard or the model. `workers` converts shards in parallel processes.
+- The output is never the input, a folder holding it or a folder inside it; `overwrite` replaces only a folder
+  this module wrote (its `fp8_conversion.json`), and a `<output>.partial` only when it is a conversion this module
+  left (its `.run.json`): anything else is refused naming it, and nothing is removed (repro.owned).
 - The output is built in `<output>.partial` and renamed to `<output>` only when complete. Each finished
   shard is fsync'd and gets a done-marker (`.done/<shard>.json`: input size/mtime, output CRC-32, stats);
   a re-run with the same options skips shards whose marker and output still match, and a run that fails on
@@ -22,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -37,8 +41,10 @@ from repro.fp8.safetensors_io import StreamingWriter, file_crc32, read_tensor, t
 from repro.fp8.rules import release_scale_name, scale_name
 from repro.fp8.stream import fn_to_fnuz_tensors, quantize_tensors
 from repro.fp8.verify import TensorStats, stats_table, summarise
+from repro.owned import NotOurs, check_apart, check_replaceable
 
 REPORT = "fp8_conversion.json"
+ELSEWHERE = "name another folder with --output"
 _WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".index.json")
 
 
@@ -82,12 +88,15 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
     opts = options or ConvertOptions()
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
+    check_apart(dst, [src], ELSEWHERE)
     fmt = get_format(opts.fmt)
     config, mode = read_config(src, fmt)
     shards = plan_shards(src, fmt, mode, opts.block_size, config=config)
     release = is_deepseek_v4(config)
-    if dst.exists() and not opts.overwrite:
+    if (dst.exists() or dst.is_symlink()) and not opts.overwrite:
         raise CheckpointError(f"{dst}: output folder exists (pass overwrite / --overwrite to replace it)")
+    check_replaceable(dst, ours=is_conversion_folder, what="converted checkpoint", marker=REPORT, flag=ELSEWHERE,
+                      sources=[src])
     tmp = dst.with_name(dst.name + ".partial")
     _prepare_partial(tmp, {"repro": repro.__version__, "mode": mode, "fmt": fmt.name, "pow2_scale": opts.pow2_scale,
                            "block_size": opts.block_size, "max_rel_error": opts.max_rel_error, "src": str(src.resolve())})
@@ -118,6 +127,15 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
         peak_rss_bytes=max(usage_self, usage_workers), peak_rss_self_bytes=usage_self,
         summary=summarise(stats),
     )
+
+
+def is_conversion_folder(folder: Path) -> bool:
+    """A folder this module wrote: its report names the source, the mode and the format."""
+    try:
+        report = json.loads((folder / REPORT).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and {"source", "mode", "format"} <= set(report)
 
 
 def current_peak_rss() -> int:
@@ -267,12 +285,17 @@ def _drain(queue, bar) -> None:
 def _prepare_partial(tmp: Path, run_key: dict) -> None:
     """Create `tmp`, or keep it for resuming if it was started with the same options; else start afresh."""
     run_file = tmp / ".run.json"
+    if tmp.is_symlink() or (tmp.exists() and not tmp.is_dir()):
+        raise NotOurs(f"{tmp}: exists and is not a folder repro made; nothing was removed: {ELSEWHERE}")
     if tmp.exists():
         try:
-            same = json.loads(run_file.read_text()) == run_key
+            left = json.loads(run_file.read_text())
         except (OSError, ValueError):
-            same = False
-        if not same:
+            left = None
+        if not (isinstance(left, dict) and "repro" in left and "src" in left):
+            raise NotOurs(f"{tmp}: exists and is not a conversion repro left (no .run.json); nothing was removed: "
+                          f"remove it yourself, or {ELSEWHERE}")
+        if left != run_key:  # our own partial output of other options: not resumable
             shutil.rmtree(tmp)
     (tmp / ".done").mkdir(parents=True, exist_ok=True)
     if not run_file.exists():
@@ -360,10 +383,9 @@ def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[ShardP
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    if dst.exists():  # overwrite: move the old one aside only now that the new one is complete
-        old = dst.with_name(dst.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(dst, old)
+    if dst.exists():  # overwrite (of a conversion: checked first): the old one aside only now the new one is whole
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+        os.rename(dst, old)  # over the empty folder just made: a name no one else holds
         os.rename(tmp, dst)
         shutil.rmtree(old)
     else:

@@ -11,7 +11,6 @@ as it does for our own runs.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -25,9 +24,11 @@ from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpo
 from repro.lumenrl.stream import MetricsStream
 from repro.lumenrl.tracking import wandb_env
 from repro.recipes import dump_recipe, require_paths
+from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
 from repro.run.metrics_log import MetricsLog
+from repro.run.folder import check_run_folder, clear_for_fresh, plan_fresh
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.sinks import check_sinks, open_sinks
 from repro.run.state import Progress, no_progress
@@ -48,12 +49,13 @@ def finished_step(run_dir: Path) -> int | None:
 
 
 def plan_lumenrl_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
-                     fresh: bool = False) -> RunPlan:
+                     fresh: bool | str = False) -> RunPlan:
     """``repro.run.start.plan_repro_run`` for LumenRL: the same decisions, on LumenRL's checkpoints. Reads only."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
-        return RunPlan(run_dir, False, True, None, False, [], [])
+        plan_fresh(run_dir, fresh)  # refused now, before anything starts, when fresh may not remove the folder
+        return RunPlan(run_dir, False, fresh, None, False, [], [])
     resume = log.exists() if resume == "auto" else bool(resume)
     if not resume:
         return RunPlan(run_dir, False, False, None, False, [], [])
@@ -120,8 +122,12 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
     if problems:
         raise launch.LumenRLError("LumenRL cannot be started from here: " + "; ".join(problems))
     run_dir = plan.run_dir
-    if plan.fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
+    check_run_folder(run_dir, plan.resume or bool(plan.fresh))  # no link out of it, not someone's folder
+    stored, changes = run_dir / RECIPE_FILE, {}
+    if plan.resume and stored.is_file():  # the recipe the run started with (repro.recipes.resume)
+        changes = resume_changes(stored, recipe)
+    if plan.fresh:
+        clear_for_fresh(run_dir, plan.fresh, say)  # says what it removes, then removes it
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     if not plan.resume and metrics.path.exists():
         raise ReproError(f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
@@ -133,7 +139,8 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
         raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
     require_paths(recipe, ("model.path", "data.train.path", "data.eval.path"))  # the driver loads them here
     check_sinks(recipe, run_dir)
-    dump_recipe(recipe, run_dir / "recipe.yaml")
+    if not plan.resume or changes or not stored.is_file():  # the record is written once, and again only as said
+        dump_recipe(recipe, stored)
     ended = launch.end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped LumenRL {ended}, which an earlier launch of {run_dir} left running")
@@ -142,6 +149,10 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], g
         _check_fresh_checkpoints(recipe, run_dir)
     elif metrics.path.exists():
         metrics.truncate_after(start_step)  # the log as it stood at the checkpoint LumenRL continues from
+    if changes:
+        metrics.append({"kind": RESUME, "step": start_step, "changed": changes})
+        say(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
+            f"recorded as a resume row in {metrics.path}")
     (run_dir / WORK / "finished.json").unlink(missing_ok=True)
     if not start_step:
         (run_dir / WORK / ORIGINS_FILE).unlink(missing_ok=True)

@@ -15,7 +15,6 @@ Everything goes to a temp folder renamed into place, so a reader never sees half
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -27,9 +26,12 @@ from safetensors.torch import save_file
 
 from repro.errors import CheckpointError
 from repro.model import layouts
+from repro.owned import check_replaceable
 from repro.model.release_config import release_config
 from repro.model.tiny import build_tiny_model
 from repro.model.tokenizer import build_tiny_tokenizer
+
+MODEL_MARKER = ".repro-model.json"  # what shows a model folder is one repro wrote (and may replace)
 
 MTP_SEED_OFFSET = 104729  # the MTP layer's init stream is independent of the main model's
 
@@ -150,11 +152,16 @@ def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None
     added and it is renamed onto ``out_dir``; on any failure it is removed and ``out_dir`` is left as it was.
     ``replace=False``: an ``out_dir`` that exists by then is refused (CheckpointError naming it), not replaced."""
     out = Path(out_dir).resolve()
+    if replace:  # refused before anything is built: only a model folder repro wrote is replaced (repro.owned)
+        check_replaceable(Path(out_dir), ours=is_model_folder, what="model folder", marker=MODEL_MARKER,
+                          flag="name another folder with --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         yield tmp
-        for name, text in (extra_files or {}).items():
+        # the marker goes where a later build may replace the folder (an export is never replaced)
+        marker = {MODEL_MARKER: json.dumps({"written_by": "repro"}) + "\n"} if replace else {}
+        for name, text in {**(extra_files or {}), **marker}.items():
             (tmp / name).write_text(text)
         tmp.chmod(0o755)  # mkdtemp makes a private folder; a shipped checkpoint is read like any other file
         for file in tmp.iterdir():
@@ -170,12 +177,18 @@ def staged_folder(out_dir: str | Path, extra_files: dict[str, str] | None = None
         raise
 
 
+def is_model_folder(folder: Path) -> bool:
+    """A model folder repro wrote: its marker, or (a warm start written before the marker) its warmstart.json."""
+    return (folder / MODEL_MARKER).is_file() or (folder / "warmstart.json").is_file()
+
+
 def replace_dir(new: Path, final: Path) -> None:
-    """Rename ``new`` onto ``final``; a rename is atomic only onto a missing path, so an old folder goes aside."""
+    """Rename ``new`` onto ``final``; a rename is atomic only onto a missing path, so an old folder (one repro
+    wrote: ``staged_folder`` checks) goes aside under a name no one else holds."""
     old = None
     if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+        final.rename(old)  # over the empty folder just made
     new.rename(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

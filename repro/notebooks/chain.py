@@ -73,7 +73,8 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
     results_dir = None
     if name == "02_smoke_run":
         smoke_dir = Path(smoke_dir or run_dir / "smoke")
-        # a separate smoke dir is a throwaway, started afresh; smoke_dir == run_dir makes the full run continue it
+        # a separate smoke dir is a throwaway, started afresh (fresh=True removes only a smoke run's own files);
+        # smoke_dir == run_dir makes the full run continue it
         pool.update(run_dir=str(smoke_dir), steps=SMOKE_STEPS, fresh=smoke_dir != run_dir)
     elif name in ("00_cluster_check", "01_fp8_conversion"):
         results_dir = notebooks_dir if name == "00_cluster_check" else run_dir / "fp8"
@@ -90,9 +91,9 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
     """Execute the notebook chain in order (see module docstring) and return where everything is.
 
     ``steps``/``overrides`` apply to the full run (03); the smoke run (02) is always 3 steps on the same
-    recipe and overrides, in ``smoke_dir`` (default ``<run_dir>/smoke``, deleted first; ``smoke_dir=run_dir``
-    makes the full run resume from the smoke run's step 3 instead of starting over). ``notebooks`` limits the chain to those names (kept in
-    chain order), ``skip`` drops some. ``parallel`` notebooks of one wave run at a time (1: strictly in order); the
+    recipe and overrides, in ``smoke_dir`` (default ``<run_dir>/smoke``, the earlier smoke run's files removed
+    first; ``smoke_dir=run_dir`` makes the full run resume from the smoke run's step 3 instead of starting over).
+    ``notebooks`` limits the chain to those names (kept in chain order), ``skip`` drops some. ``parallel`` notebooks of one wave run at a time (1: strictly in order); the
     local Ray instance the runs share starts while the first wave runs. A re-run resumes the full run from its
     newest checkpoint.
     """

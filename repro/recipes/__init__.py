@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from repro import PACKAGE_DIR
 from repro.recipes.schema import Recipe
 from repro.errors import RecipeError
+from repro.owned import write_atomic
 
 RECIPE_DIR = Path(__file__).resolve().parent
 BUILTIN_PREFIX = "builtin:"
@@ -135,12 +136,8 @@ def apply_override(data: dict, override: str) -> str:
 
 
 def dump_recipe(recipe: Recipe, path: str | os.PathLike) -> Path:
-    """Write the fully resolved recipe (every default spelled out) atomically."""
-    final = Path(path)
-    tmp = final.with_name(final.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
-    tmp.replace(final)
-    return final
+    """Write the fully resolved recipe (every default spelled out) atomically, never through a link."""
+    return write_atomic(Path(path), yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 
 
 def resolve_path(value: str) -> Path:

@@ -151,6 +151,10 @@ def algorithm_problems(recipe: "Recipe") -> list[str]:
         problems.append(f"optim.betas: each beta must be in [0, 1), got {recipe.optim.betas}")
     if any(b <= 0 for b in recipe.rollout.fp8_block):
         problems.append(f"rollout.fp8_block: block sizes must be positive, got {recipe.rollout.fp8_block}")
+    updates, rows = recipe.algorithm.updates_per_step, recipe.trajectories_per_step
+    if updates > rows:  # each update takes its own share of the step's rows (repro.train.grpo_update.row_groups)
+        problems.append(f"algorithm.updates_per_step: {updates} updates cannot each take rows of a batch of {rows} "
+                        f"(algorithm.prompts_per_step x responses_per_prompt); at most {rows}")
     if recipe.routing_replay.enabled and recipe.model.num_experts_per_tok < 1:
         problems.append("routing_replay.enabled: needs an MoE model")
     return problems

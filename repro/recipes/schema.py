@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from repro.owned import single_component
 from repro.recipes.consistency import check_consistency
 
 
@@ -283,6 +285,15 @@ class Recipe(Section):
     @property
     def data_parallel(self) -> int:
         return self.actor.num_workers // (self.actor.tensor_parallel * self.actor.pipeline_parallel)
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, name: str) -> str:
+        """The name is the default run folder's (runs/<name>): one folder name, never a path out of runs/."""
+        why = single_component(name)
+        if why:
+            raise ValueError(f"{name!r}: the run folder's default name (runs/<name>): {why}")
+        return name
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":

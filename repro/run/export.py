@@ -28,17 +28,19 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from repro.analysis.frame import RECIPE_FILE, frames_from_rows, read_jsonl, read_recipe
+from repro.analysis.frame import RECIPE_FILE, checked_rows, frames_from_rows, read_jsonl_numbered, read_recipe
 from repro.analysis.model_card import ExportFacts, model_card
 from repro.errors import CheckpointError
 from repro.model.streamed_export import plan_weights, write_weights
 from repro.model.tiny_release import config_json, staged_folder
 from repro.recipes import resolve_path
 from repro.recipes.backends import engine_of, trainer_named
-from repro.run.checkpoints import COMPLETE_MARKER, STATE_FILE, Checkpoint, latest_checkpoint, list_checkpoints
+from repro.run.checkpoints import (COMPLETE_MARKER, STATE_FILE, Checkpoint, check_complete, list_checkpoints,
+                                   usable_checkpoint)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -57,23 +59,28 @@ class ExportResult:
     files: list[str]
 
 
-def find_checkpoint(run_dir: Path, step: int | None) -> Checkpoint:
-    """Checkpoint ``step`` of ``run_dir`` (None: the newest complete one); refuses a missing or incomplete one."""
+def find_checkpoint(run_dir: Path, step: int | None, say: Callable[[str], None] = print) -> Checkpoint:
+    """Checkpoint ``step`` of ``run_dir`` (None: the newest that verifies, each newer one that does not said in one
+    line); refuses a missing one, or one whose files do not match its marker's digests, naming the file."""
     root = run_dir / "checkpoints"
     if step is None:
-        newest = latest_checkpoint(root)
+        newest, notes = usable_checkpoint(root)
         if newest is None:
-            partial = sorted(p.name for p in root.glob(".tmp-step_*")) if root.is_dir() else []
-            raise CheckpointError(f"{root}: no complete checkpoint (a folder step_NNNNNN with {COMPLETE_MARKER} and "
-                                  f"{STATE_FILE})" + (f"; only unfinished writes: {partial}" if partial else ""))
+            raise CheckpointError(f"{root}: no complete checkpoint that verifies (a folder step_NNNNNN with "
+                                  f"{COMPLETE_MARKER} and {STATE_FILE}, every file matching its digest)"
+                                  + "".join(f"; not used: {note}" for note in notes))
+        for note in notes:
+            say(f"not exported: {note}")
         return newest
     folder = root / f"step_{step:06d}"
-    for found in list_checkpoints(root):
-        if found.step == step:
-            return found
     if folder.is_dir():
         missing = [f for f in (COMPLETE_MARKER, STATE_FILE) if not (folder / f).exists()]
-        raise CheckpointError(f"{folder} is incomplete (no {' or '.join(missing)}): its write never finished")
+        if missing:
+            raise CheckpointError(f"{folder} is incomplete (no {' or '.join(missing)}): its write never finished")
+        why = check_complete(folder)
+        if why:
+            raise CheckpointError(f"{folder} is not exported: {why}")
+        return Checkpoint(step, folder)
     have = [c.step for c in list_checkpoints(root)]
     raise CheckpointError(f"{folder} does not exist (complete checkpoints of this run: steps {have or 'none'})")
 
@@ -117,14 +124,15 @@ def _metrics_frames(run_dir: Path, checkpoint: Checkpoint, recipe):
     """The log up to the exported step: the copy the checkpoint holds, else the run's own cut at the step."""
     own = checkpoint.path / "metrics.jsonl"
     path = own if own.is_file() else run_dir / "metrics.jsonl"
-    rows = [row for row in read_jsonl(path) if int(row.get("step", -1)) <= checkpoint.step]
+    rows = [row for row in checked_rows(read_jsonl_numbered(path), path, own=True)[0] if row["step"] <= checkpoint.step]
     return frames_from_rows(rows, path, recipe, label=run_dir.name)
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None, layout: str = "deepseek",
                dtype: str = "bf16", max_shard_bytes: int | None = 5 * 10**9,
-               model_dir: str | Path | None = None) -> ExportResult:
-    """Export checkpoint ``step`` (None: the newest) of ``run_dir`` to the new folder ``out`` (see the module doc)."""
+               model_dir: str | Path | None = None, say: Callable[[str], None] = print) -> ExportResult:
+    """Export checkpoint ``step`` (None: the newest that verifies) of ``run_dir`` to the new folder ``out`` (see the
+    module doc); ``say`` gets one line per newer checkpoint passed over."""
     from transformers import AutoConfig
 
     run_dir, out = Path(run_dir), Path(out)
@@ -138,7 +146,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     if not engine_of(recipe).own_loop:
         raise CheckpointError(f"{run_dir}: a LumenRL run (engine: lumenrl) keeps LumenRL's own Megatron "
                               "checkpoints, which repro export does not read")
-    checkpoint = find_checkpoint(run_dir, step)
+    checkpoint = find_checkpoint(run_dir, step, say)
     meta = trainer_meta(checkpoint.trainer_dir)
     source_model = model_folder(recipe, model_dir)
     config = AutoConfig.from_pretrained(checkpoint.trainer_dir, local_files_only=True)

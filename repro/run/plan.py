@@ -34,7 +34,7 @@ class RunPlan:
 
     run_dir: Path
     resume: bool
-    fresh: bool                  # delete run_dir first
+    fresh: bool | str            # start over: True, or "delete-run" for more than a smoke run (repro.run.folder)
     checkpoint: Checkpoint | None  # the one a resume continues from (None: start from step 0)
     finished: bool               # resuming a run whose newest checkpoint is already at the recipe's last step
     kept_rows: list[dict]        # train rows of the log up to that checkpoint (a live plot's earlier points)
@@ -45,10 +45,11 @@ class RunPlan:
         if self.finished:
             return f"{self.run_dir}: the run is finished (checkpoint step {self.checkpoint.step}); nothing to do"
         if not self.resume:
-            return f"{self.run_dir}: a new run" + (" (the old one deleted first)" if self.fresh else "")
-        ignored = "".join(f"; not complete, so not used: {note}" for note in self.ignored)
+            return f"{self.run_dir}: a new run" + (" (fresh: the earlier run's files are removed first, as listed "
+                                                   "next)" if self.fresh else "")
+        ignored = "".join(f"; not used: {note}" for note in self.ignored)
         if self.checkpoint is None:
-            return f"{self.run_dir}: no complete checkpoint yet, so the run starts again from step 0{ignored}"
+            return f"{self.run_dir}: no checkpoint that verifies yet, so the run starts again from step 0{ignored}"
         note = f"resuming from step {self.checkpoint.step} (checkpoint {self.checkpoint.path}){ignored}"
         if self.dropped_steps:
             first, last = self.dropped_steps[0], self.dropped_steps[-1]

@@ -16,16 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-import yaml
-
-from repro.recipes.earlier import EARLIER_CONVENTIONS, fill_earlier_conventions
+from repro.owned import open_no_follow, write_atomic
+from repro.recipes.resume import RECIPE_FILE, RESUME, check_conventions_kept, read_run_recipe, resume_changes
 from repro.run.checkpoints import latest_checkpoint, restore_driver_rng
 from repro.recipes.schema import Recipe
 from repro.readiness.memory_budget import checkpoint_bytes
@@ -39,56 +33,30 @@ from repro.run.rollouts_file import NoRollouts, RolloutsDir
 from repro.run.sinks import check_sinks, open_sinks
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
+from repro.run.folder import LOCK_FILE, check_run_folder, run_dir_lock  # noqa: F401  (re-exported)
+from repro.run.restarts import RESTART
 from repro.run.state import Run
 from repro.run.steps import sync_weights
 
 
-LOCK_FILE = "run.lock"
-
-
-@contextmanager
-def run_dir_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir`` for this process while the block runs: a second run on the same folder (another shell,
-    a notebook, a second node on a shared disk) fails at once, naming the holder, instead of writing every row
-    twice. The kernel drops the lock when the holder exits, however it ends (kill -9 included)."""
-    import fcntl
-
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / LOCK_FILE, "a+")
-    except OSError as err:
-        raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "a process that has not written its name yet"
-            raise ReproError(f"run dir {run_dir} is in use by another run ({holder}; lock {run_dir / LOCK_FILE}): "
-                             "wait for it to end or stop it, or choose another --run-dir") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(sys.argv)[:300]}\n")
-        handle.flush()
-        yield
-
-
-def clear_run_dir(run_dir: Path) -> None:
-    """Delete everything in ``run_dir`` but its lock (a fresh run over an old one, the lock held)."""
-    for path in run_dir.iterdir():
-        if path.name == LOCK_FILE:
-            continue
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
-def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
-    """Fail before step 1 if the run cannot finish: unwritable folder, too little disk, or a clash."""
+def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = False) -> dict[str, list]:
+    """Fail before step 1 if the run cannot finish or would change what is not its own: a link out of the folder,
+    a new run in someone's folder, an unwritable folder, too little disk, a clash, or a resume under another
+    recipe (repro.recipes.resume). Returns the fields a resume changed ({field: [old, new]}; recorded in
+    recipe.yaml and as a ``resume`` row of the log), else {}. ``fresh``: the folder was a run's, just emptied
+    of the run's files (others' are kept beside the new run)."""
+    check_run_folder(run_dir, resume or fresh)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-probe"
-        probe.write_bytes(b"\0" * (1 << 20))
-        probe.unlink()
+        if probe.is_symlink() or probe.exists():
+            probe.unlink()  # a killed run's probe (a link is removed itself, never written through)
+        fd = open_no_follow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            os.write(fd, b"\0" * (1 << 20))
+        finally:
+            os.close(fd)
+            probe.unlink()
     except OSError as err:
         raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
     need = checkpoint_bytes(recipe) * (recipe.checkpoint.keep_last + 1)
@@ -98,8 +66,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
             f"run dir {run_dir}: {free / 1e9:.2f} GB free, checkpoints need about {need / 1e9:.2f} GB "
             f"({recipe.checkpoint.keep_last} kept + 1 being written, {checkpoint_bytes(recipe) / 1e9:.2f} GB each)"
         )
-    if resume:
-        check_conventions_kept(recipe, run_dir / "recipe.yaml")
+    stored = run_dir / RECIPE_FILE
+    changes = resume_recipe_changes(recipe, run_dir) if resume else {}
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise ReproError(
             f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
@@ -108,30 +76,32 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     for sub in ("logs", "eval", "checkpoints"):
         (run_dir / sub).mkdir(exist_ok=True)
     check_sinks(recipe, run_dir)
-    dump_recipe(recipe, run_dir / "recipe.yaml")
+    if not resume or changes or not stored.is_file():  # the record is written once, and again only as said here
+        dump_recipe(recipe, stored)
+    if changes:
+        newest = latest_checkpoint(run_dir / "checkpoints")
+        MetricsLog(run_dir / "metrics.jsonl").append(
+            {"kind": RESUME, "step": newest.step if newest else 0, "changed": changes})
+        print(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
+              f"recorded as a resume row in {run_dir / 'metrics.jsonl'}")
+    return changes
 
 
-def check_conventions_kept(recipe: Recipe, stored_path: Path) -> None:
-    """A run written before a convention became a recipe field ran the earlier convention; resuming it under
-    today's default would change the algorithm halfway. Refuse, naming the ``--set`` that keeps the run as it was."""
-    if not stored_path.is_file():
-        return
-    stored = yaml.safe_load(stored_path.read_text())
-    if not isinstance(stored, dict):
-        return
-    current = recipe.model_dump()
-    changed = []
-    for dotted in fill_earlier_conventions(stored):
-        value = current
-        for part in dotted.split("."):
-            value = value[part]
-        if value != EARLIER_CONVENTIONS[dotted]:
-            changed.append(f"--set {dotted}={'null' if EARLIER_CONVENTIONS[dotted] is None else EARLIER_CONVENTIONS[dotted]}")
-    if changed:
-        raise ReproError(
-            f"run dir {stored_path.parent} was started before these conventions were recipe fields and ran the "
-            f"earlier ones; resume it as it ran with {' '.join(changed)} (or start a new run dir for AMD's)"
-        )
+def resume_recipe_changes(recipe: Recipe, run_dir: Path) -> dict[str, list]:
+    """What a resume of ``run_dir`` with ``recipe`` changes of the recipe the run started with (RESUMABLE fields
+    only; repro.recipes.resume refuses any other difference), checked against the run's recipe.yaml and against
+    the copy the newest checkpoint that verifies holds (so a recipe.yaml edited since is refused too). Reads only."""
+    stored = run_dir / RECIPE_FILE
+    if stored.is_file():
+        read_run_recipe(stored)  # an unreadable record is refused naming its line
+    check_conventions_kept(recipe, stored)
+    changes = resume_changes(stored, recipe)
+    newest = latest_checkpoint(run_dir / "checkpoints")
+    if newest is not None and (newest.path / RECIPE_FILE).is_file():
+        resume_changes(newest.path / RECIPE_FILE, recipe, hint=(
+            f"{stored} was changed since step {newest.step} was trained with it: put those values back there, or "
+            "start a new --run-dir"))
+    return changes
 
 
 def resolve_model_dir(recipe: Recipe) -> Path:
@@ -140,10 +110,10 @@ def resolve_model_dir(recipe: Recipe) -> Path:
     return require_paths(recipe, ("model.path",))["model.path"]
 
 
-def check_inputs(recipe: Recipe, run_dir: Path, resume: bool) -> Path:
+def check_inputs(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = False) -> Path:
     """Everything that can fail before a worker starts: the run directory, the data paths, the model folder.
     Returns the model folder."""
-    prepare_run_dir(recipe, run_dir, resume)
+    prepare_run_dir(recipe, run_dir, resume, fresh)
     if recipe.data.train.path or recipe.data.eval.path:
         require_paths(recipe, ("data.train.path", "data.eval.path"))
     return resolve_model_dir(recipe)
@@ -188,17 +158,13 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
 def restore_log(metrics: MetricsLog, saved: Path | None) -> None:
     """The log as it stood at the checkpoint (``saved``: its copy; None: no checkpoint, an empty log), so no step
     is lost or logged twice; ``restart`` rows written since are kept after it: they are the run's history, not a
-    step's result."""
+    step's result; ``resume`` rows (a resume changed a RESUMABLE recipe field) likewise."""
     import json
 
     kept = MetricsLog(saved).rows() if saved is not None and saved.exists() else []
-    history = [r for r in metrics.rows() if r.get("kind") == "restart" and r not in kept]
+    history = [r for r in metrics.rows() if r.get("kind") in (RESTART, RESUME) and r not in kept]
     if not history and not kept:
         metrics.path.unlink(missing_ok=True)
         return
-    tmp = metrics.path.with_name(metrics.path.name + ".tmp")
-    if history:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept + history))
-    else:
-        shutil.copyfile(saved, tmp)
-    tmp.replace(metrics.path)
+    write_atomic(metrics.path, "".join(json.dumps(r) + "\n" for r in kept + history) if history
+                 else saved.read_bytes())

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from repro.errors import ReproError
+from repro.owned import write_atomic
 from repro.recipes.backends import engine_of
 from repro.recipes.schema import Recipe, WandbTracking
 
@@ -127,9 +128,7 @@ def wandb_run_id(run_dir: Path) -> str:
     if path.is_file():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(RUN_ID_FILE + ".tmp")
-    tmp.write_text(new_run_id() + "\n")
-    tmp.replace(path)
+    write_atomic(path, new_run_id() + "\n")  # never through a link
     return path.read_text().strip()
 
 

@@ -23,27 +23,29 @@ from repro.cluster.runtime import end_recorded_processes, ensure_ray, record_loc
 from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.groups.workers import RolloutWorker, TrainerWorker
 from repro.recipes.schema import Recipe
-from repro.run.checkpoints import incomplete_checkpoints, latest_checkpoint
+from repro.run.checkpoints import latest_checkpoint, usable_checkpoint
+from repro.run.folder import check_run_folder, clear_for_fresh, plan_fresh
 from repro.run.loop import train
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.restarts import Restarts, StepFailed, at_step
-from repro.run.run_dir import check_inputs, clear_run_dir, open_run, run_dir_lock
+from repro.run.run_dir import check_inputs, open_run, resume_recipe_changes, run_dir_lock
 from repro.run.state import Progress, no_progress
 from repro.train.threads import use_worker_threads
 
 
 def plan_repro_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
-                   fresh: bool = False) -> RunPlan:
+                   fresh: bool | str = False) -> RunPlan:
     """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
-    does), from which checkpoint, and what that keeps and drops of the log. Reads, changes nothing."""
+    does), from which checkpoint (the newest that verifies), and what that keeps and drops of the log; ``fresh``
+    (repro.run.folder): start over, refused now if the folder is not one it may empty. Reads, changes nothing."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
-        return RunPlan(run_dir, False, True, None, False, [], [])
+        plan_fresh(run_dir, fresh)  # refused now, before anything starts, when fresh may not remove the folder
+        return RunPlan(run_dir, False, fresh, None, False, [], [])
     resume = log.exists() if resume == "auto" else bool(resume)
-    checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
-    ignored = incomplete_checkpoints(run_dir / "checkpoints") if resume else []
+    checkpoint, ignored = usable_checkpoint(run_dir / "checkpoints") if resume else (None, [])
     if checkpoint is None:
         return RunPlan(run_dir, resume, False, None, False, [], [], ignored)
     rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
@@ -66,10 +68,14 @@ def run_repro(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progre
     if plan.finished:
         return RunOutcome(run_dir, plan.checkpoint.step, plan.checkpoint.step, 0.0, time.perf_counter() - started,
                           already_finished=True)
+    # before the lock file is made in a folder that is not a run's, and before fresh removes anything
+    check_run_folder(run_dir, plan.resume or bool(plan.fresh))
+    if plan.resume:
+        resume_recipe_changes(recipe, run_dir)  # a refused resume leaves the folder as it was, lock file included
     with run_dir_lock(run_dir), ExitStack() as stack:
         if plan.fresh:
-            clear_run_dir(run_dir)
-        model_dir = check_inputs(recipe, run_dir, plan.resume)
+            clear_for_fresh(run_dir, plan.fresh, say)  # says what it removes, then removes it
+        model_dir = check_inputs(recipe, run_dir, plan.resume, fresh=bool(plan.fresh))
         stack.enter_context(terminate_as_exit())
         warmup = time.perf_counter()
         session = None if in_process else stack.enter_context(ray_session(recipe, run_dir))
@@ -204,7 +210,8 @@ def ray_session(recipe: Recipe, run_dir: Path) -> Iterator[RaySession]:
 
 
 def resume_hint(run_dir: Path) -> str:
-    newest = latest_checkpoint(run_dir / "checkpoints")
+    newest, skipped = usable_checkpoint(run_dir / "checkpoints")
+    passed = "".join(f"; not used: {note}" for note in skipped if "did not finish" not in note)
     if newest is None:
-        return "no checkpoint was written yet: rerun from the start"
-    return f"the last good checkpoint is step {newest.step} ({newest.path}): rerun with --resume"
+        return f"no checkpoint that verifies was written yet: rerun from the start{passed}"
+    return f"the last good checkpoint is step {newest.step} ({newest.path}): rerun with --resume{passed}"

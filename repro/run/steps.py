@@ -236,4 +236,5 @@ def evaluate_and_log(run: Run, step: int) -> dict:
 
 def save_checkpoint_now(run: Run, step: int) -> None:
     state = {"sampler": run.sampler.state(), "driver_rng": driver_rng_state(), "weight_version": step}
-    save_checkpoint(run.checkpoint_dir, step, run.trainer, state, run.metrics.path, run.recipe.checkpoint.keep_last)
+    save_checkpoint(run.checkpoint_dir, step, run.trainer, state, run.metrics.path, run.recipe.checkpoint.keep_last,
+                    recipe_path=run.run_dir / "recipe.yaml")
