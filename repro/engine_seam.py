@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 class PlanRun(Protocol):
     def __call__(self, recipe: "Recipe", run_dir: str | Path, resume: bool | Literal["auto"] = False,
-                 fresh: bool = False) -> "RunPlan": ...
+                 fresh: bool | str = False) -> "RunPlan": ...
 
 
 class RunPlanned(Protocol):

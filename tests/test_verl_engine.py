@@ -218,3 +218,17 @@ def test_docs_show_the_mapping_table_the_code_uses():
     from repro.verl.mapping import markdown_table
 
     assert markdown_table() in Path("docs/verl.md").read_text()
+
+
+def test_fresh_on_a_verl_run_dir_removes_nothing_it_did_not_make(tmp_path):
+    """engine: verl follows the run-folder rules of issue 39 (repro.run.folder): fresh on a folder that is not a run
+    is refused before anything starts, every byte left as it was."""
+    from repro.owned import NotOurs
+    from repro.verl.run import plan_verl_run
+
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("mine")
+    with pytest.raises(NotOurs, match="is not a run folder .*chapter1.tex.*fresh removed nothing"):
+        plan_verl_run(load_recipe(AMD, ["engine=verl"]), mine, fresh=True)
+    assert [p.name for p in mine.iterdir()] == ["chapter1.tex"] and (mine / "chapter1.tex").read_text() == "mine"

@@ -10,7 +10,6 @@ is recorded as finished (``verl/finished.json``), so running notebook 03 again d
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -20,8 +19,10 @@ from typing import Callable, Literal
 from repro.errors import ReproError
 from repro.process_group import STOP_GRACE_S, EngineProcess, end_recorded_process, record_process, start_process
 from repro.recipes import dump_recipe, require_paths
+from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
+from repro.run.folder import check_run_folder, clear_for_fresh, plan_fresh
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.sinks import wandb_run_id
@@ -49,12 +50,13 @@ def finished_step(run_dir: Path) -> int | None:
 
 
 def plan_verl_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
-                  fresh: bool = False) -> RunPlan:
+                  fresh: bool | str = False) -> RunPlan:
     """``plan_repro_run``'s decisions on verl's checkpoints. Reads only."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     if fresh:
-        return RunPlan(run_dir, False, True, None, False, [], [])
+        plan_fresh(run_dir, fresh)  # refused now, before anything starts, when fresh may not remove the folder
+        return RunPlan(run_dir, False, fresh, None, False, [], [])
     resume = log.exists() if resume == "auto" else bool(resume)
     if not resume:
         return RunPlan(run_dir, False, False, None, False, [], [])
@@ -125,8 +127,12 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
                                f"({'; '.join(plan.ignored)}); verl would start from scratch. Move them aside to "
                                "start again, or finish writing one")
     run_dir = plan.run_dir
-    if plan.fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
+    check_run_folder(run_dir, plan.resume or bool(plan.fresh))  # no link out of it, not someone's folder
+    stored, changes = run_dir / RECIPE_FILE, {}
+    if plan.resume and stored.is_file():  # the recipe the run started with (repro.recipes.resume)
+        changes = resume_changes(stored, recipe)
+    if plan.fresh:
+        clear_for_fresh(run_dir, plan.fresh, say)  # says what it removes, then removes only the run's own entries
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     if not plan.resume and metrics.path.exists():
         raise ReproError(f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
@@ -138,7 +144,8 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
         raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
     require_paths(recipe, ("model.path",) + tuple(f"data.{s}.path" for s in ("train", "eval")
                                                    if getattr(recipe.data, s).path))
-    dump_recipe(recipe, run_dir / "recipe.yaml")
+    if not plan.resume or changes or not stored.is_file():  # the record is written once, and again only as said
+        dump_recipe(recipe, stored)
     ended = end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped verl {ended}, which an earlier launch of {run_dir} left running")
@@ -149,6 +156,10 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
                                "(another run's); resume that run, or choose another verl.checkpoint_dir")
     if plan.resume and metrics.path.exists():
         metrics.truncate_after(start_step)
+    if changes:
+        metrics.append({"kind": RESUME, "step": start_step, "changed": changes})
+        say(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
+            f"recorded as a resume row in {metrics.path}")
     (run_dir / WORK / "finished.json").unlink(missing_ok=True)
     if not start_step:
         (run_dir / WORK / ORIGINS_FILE).unlink(missing_ok=True)
