@@ -11,7 +11,7 @@ import pytest
 from repro.recipes import load_recipe
 from repro.recipes.describe import schedule
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_FILES = Path(__file__).resolve().parents[1] / "notebooks"
 SCHEDULE_CLAIM = re.compile(r"(at step 0|every \d+ steps|checkpoint every)")
 
 
@@ -26,9 +26,19 @@ def test_the_schedule_is_said_from_the_recipe():
 
 @pytest.mark.parametrize("name", ["02_smoke_run", "03_full_run"])
 def test_the_run_notebooks_state_no_schedule_of_their_own(name):
-    cells = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
+    cells = json.loads((NOTEBOOK_FILES / f"{name}.ipynb").read_text())["cells"]
     claims = [m.group(0) for c in cells if c["cell_type"] == "markdown" for m in SCHEDULE_CLAIM.finditer(
         "".join(c["source"]).replace("after step 1 and every 5 steps", ""))]  # AMD's, named as AMD's
     assert claims == []
     code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert name == "02_smoke_run" or "schedule(resolved)" in code
+
+
+def test_every_notebook_is_in_the_one_list_and_the_list_names_only_notebooks_that_exist():
+    from repro.notebooks.catalog import ANALYSIS, CHAIN, NOTEBOOKS, WAVES
+
+
+    on_disk = sorted(p.stem for p in NOTEBOOK_FILES.glob("*.ipynb"))
+    assert sorted(n.name for n in NOTEBOOKS) == on_disk
+    assert CHAIN == ("00_cluster_check", "01_fp8_conversion", "02_smoke_run", "03_full_run", *ANALYSIS)
+    assert WAVES[-1] == ANALYSIS and all(n.kind == "study" for n in NOTEBOOKS if n.name not in CHAIN)

@@ -16,13 +16,12 @@ import pytest
 import repro
 from repro.analysis import compare_to_amd, load_run
 from repro.analysis import summary
-from repro.notebooks import (CHAIN, NOTEBOOKS_DIR, NotebookError, execute_notebook, load_results, record_results,
-                             run_chain, venv_kernel_name)
+from repro.notebooks import (ANALYSIS, CHAIN, NOTEBOOKS_DIR, RUNS, NotebookError, execute_notebook, load_results,
+                             record_results, run_chain, venv_kernel_name)
 from repro.analysis.plots import FIGURE_NAMES
 from repro.reference import amd_value
 
-OURS = ("02_smoke_run", "03_full_run", "10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess",
-        "20_compare_to_amd")
+OURS = RUNS + ANALYSIS  # repro.notebooks.catalog
 # the smallest run that still has GRPO groups, an evaluation and checkpoints: ~25 s a step on 2 busy cores
 SMALL = ["algorithm.prompts_per_step=4", "algorithm.responses_per_prompt=2", "eval.samples_per_problem=1",
          "eval.at_start=false", "eval.every_steps=100", "checkpoint.every_steps=100"]

@@ -25,11 +25,12 @@ import pytest
 
 from repro import REPO_DIR
 from repro.analysis.plots import FIGURE_NAMES
+from repro.notebooks.catalog import CHAIN
 
 SMALL = ["algorithm.prompts_per_step=4", "algorithm.responses_per_prompt=2", "eval.samples_per_problem=1",
          "eval.at_start=false"]
 SKIPPED = ("00_cluster_check", "01_fp8_conversion", "02_smoke_run")
-RAN = ("03_full_run", "10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd")
+RAN = tuple(name for name in CHAIN if name not in SKIPPED)  # the chain as repro.notebooks.catalog lists it
 
 
 def _run(command, **kwargs):

@@ -13,13 +13,8 @@ from repro.cluster.runtime import end_recorded_processes, shared_local_instance
 from repro.notebooks.execution import execute_notebook, venv_kernel_name
 from repro.notebooks.files import CHECKOUT_NOTEBOOKS, NOTEBOOKS_DIR, PACKAGED_NOTEBOOKS, NotebookError, notebook_path
 from repro.notebooks.parameters import notebook_parameters
+from repro.notebooks.catalog import CHAIN, WAVES
 from repro.run.plan import SMOKE_STEPS
-
-# The chain in waves: no notebook reads what another of its wave writes, so a wave's notebooks run side by side
-# (``parallel`` at a time); each wave starts when the one before has finished. The runs (02, 03) own the cores.
-WAVES = (("00_cluster_check", "01_fp8_conversion"), ("02_smoke_run",), ("03_full_run",),
-         ("10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd"))
-CHAIN = tuple(name for wave in WAVES for name in wave)
 
 # --------------------------------------------------------------------------------------------- the chain
 

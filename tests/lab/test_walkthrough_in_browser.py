@@ -23,9 +23,9 @@ import pytest
 from lab_browser import LabFailure, edited_parameters, run_in_browser
 from lab_server import make_lab_commands
 from repro import REPO_DIR
-from repro.notebooks import NOTEBOOKS_DIR, load_results
+from repro.notebooks import ANALYSIS, NOTEBOOKS_DIR, load_results
 
-NOTEBOOKS = ("00_cluster_check", "10_reward_by_phase", "11_aime", "12_throughput", "13_kl_ess", "20_compare_to_amd")
+NOTEBOOKS = ("00_cluster_check", *ANALYSIS)  # the analysis notebooks as repro.notebooks.catalog lists them
 # the cells whose outputs must hold an HTML table, and those that must show a rendered figure (<img>/<svg>)
 SHOWN = {"00_cluster_check": ({2}, set()), "10_reward_by_phase": ({3}, {6}), "11_aime": ({3}, {6}),
          "12_throughput": ({3, 4, 5}, {7}), "13_kl_ess": ({3, 4, 8}, {6, 8}), "20_compare_to_amd": ({4, 6}, set())}
