@@ -7,15 +7,16 @@ last cell that calls :func:`record_results`. The recorded JSON sits beside the e
 notebook outputs.
 
 The notebooks, their kinds and the chain's waves are listed once, in ``repro.notebooks.catalog``. The chain
-(``repro notebooks``, ``make repro``) writes the executed notebooks to ``<run_dir>/notebooks/``, the figures (PNG + SVG) to ``figures_dir`` and
-the report to ``<run_dir>/comparison.md``, and last the report page ``<run_dir>/report/index.html``
-(repro.report_page). A notebook missing from ``notebooks/`` is skipped with a note, and a chain that finds none of
-its notebooks fails naming where it looked (a wheel carries them as package data, ``repro/notebook_files/``, see
-setup.py); a failing one stops the chain with a :class:`NotebookError` naming the notebook and the cell.
+(``repro notebooks``, ``make repro``) writes the executed notebooks to ``<run_dir>/notebooks/``, the figures (PNG +
+SVG) to ``figures_dir`` and the report to ``<run_dir>/comparison.md``, and last the report page
+``<run_dir>/report/index.html`` (repro.report_page). A notebook missing from ``notebooks/`` is skipped with a note,
+and a chain that finds none of its notebooks fails naming where it looked (a wheel carries them as package data,
+``repro/notebook_files/``, see setup.py); a failing one stops the chain with a :class:`NotebookError` naming the
+notebook and the cell.
 
-Modules: ``catalog`` (every notebook, once), ``files`` (where the notebooks are, NotebookError), ``execution`` (papermill, recorded results, the
-kernel), ``parameters`` (each notebook's first call: its parameters checked and its paths resolved), ``chain`` (the
-chain ``make repro`` runs).
+Modules: ``catalog`` (every notebook, once), ``files`` (where the notebooks are, NotebookError), ``execution``
+(papermill, recorded results, the kernel), ``parameters`` (each notebook's first call: its parameters checked and
+its paths resolved), ``chain`` (the chain ``make repro`` runs).
 """
 
 from repro.notebooks.catalog import ANALYSIS, CHAIN, NOTEBOOKS, RUNS, WAVES, Notebook, notebook_named
