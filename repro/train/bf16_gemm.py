@@ -37,6 +37,7 @@ on a CPU that would choose the other path is refused rather than silently contin
 from __future__ import annotations
 
 import os
+import time
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
@@ -75,25 +76,55 @@ def native_bf16_matmul() -> bool:
 
 
 def cpu_bf16_facts() -> dict[str, Any]:
-    """What decides the path here, for records and ``repro check``: torch's CPU capability, the CPU's BF16 flags
-    and what ``auto`` resolves to (the environment variable considered)."""
-    return {
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
-        "amx": bool(torch.cpu._is_amx_tile_supported()),
-        "onednn_bf16": native_bf16_matmul(),
-        "env": os.environ.get(ENV_VAR),
-        "path": resolve_bf16_gemm("auto"),
-    }
+    """What decides the path here, for records and ``repro check``: torch's CPU capability, the CPU's BF16 flags,
+    whether oneDNN computes BF16 here, ``$REPRO_BF16_GEMM``, and what ``auto`` picks (None, with ``refused``
+    saying why, where that variable names no path)."""
+    native, env = native_bf16_matmul(), os.environ.get(ENV_VAR)
+    facts = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+             "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+             "amx": bool(torch.cpu._is_amx_tile_supported()), "onednn_bf16": native, "env": env, "path": None}
+    try:
+        facts["path"] = choose_path("auto", env, native)
+    except BF16GemmError as err:
+        facts["refused"] = str(err)
+    return facts
+
+
+def measure_paths(size: int = 256, repeats: int = 3) -> dict[str, float]:
+    """GFLOP/s of torch's BF16 matmul and of the fp32 path on [size, size] BF16 operands here, best of ``repeats``
+    and on one thread, as the Ray workers compute (at 256: ~0.2 ms on a CPU with native BF16, ~10 ms on an AVX2-only
+    one; on a busy machine a multi-threaded GEMM measures the other jobs)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g).to(torch.bfloat16) for _ in range(2))
+    rates, threads = {}, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, run in ((NATIVE, lambda: a @ b), (FP32, lambda: fp32_gemm(torch.matmul, (a, b), {}))):
+            run()
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - start)
+            rates[name] = 2 * size**3 / best / 1e9
+    finally:
+        torch.set_num_threads(threads)
+    return rates
 
 
 def resolve_bf16_gemm(requested: str = "auto") -> str:
-    """The path a trainer takes: ``requested`` (the recipe's ``actor.bf16_gemm``) if it names one, else
-    ``$REPRO_BF16_GEMM`` if set, else ``native`` where ``native_bf16_matmul()`` and ``fp32`` elsewhere. A recipe and
-    an environment that name different paths, or an unknown name in either, raise ``BF16GemmError``."""
+    """The path a trainer takes here: ``choose_path`` with this process's ``$REPRO_BF16_GEMM`` and CPU."""
+    return choose_path(requested, os.environ.get(ENV_VAR), native_bf16_matmul)
+
+
+def choose_path(requested: str, env: str | None, native: bool | Callable[[], bool]) -> str:
+    """``requested`` (the recipe's ``actor.bf16_gemm``) if it names a path, else ``env`` (``$REPRO_BF16_GEMM``) if
+    it does, else ``native`` where the CPU has native BF16 matmul (``native``: the answer, or how to get it) and
+    ``fp32`` elsewhere. A recipe and an environment that name different paths, or an unknown name in either, raise
+    ``BF16GemmError``."""
     if requested not in CHOICES:
         raise BF16GemmError(f"actor.bf16_gemm: {requested!r} is not one of {', '.join(CHOICES)}")
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = (env or "").strip()
     if env and env not in CHOICES:
         raise BF16GemmError(f"{ENV_VAR}={env!r} is not one of {', '.join(CHOICES)}")
     if requested != "auto":
@@ -103,7 +134,7 @@ def resolve_bf16_gemm(requested: str = "auto") -> str:
         return requested
     if env in PATHS:
         return env
-    return NATIVE if native_bf16_matmul() else FP32
+    return NATIVE if (native() if callable(native) else native) else FP32
 
 
 def _is_bf16(value: Any) -> bool:
