@@ -117,6 +117,9 @@ def main() -> None:
 
 
 def compare(args: argparse.Namespace) -> None:
+    from bench_bf16_gemm import header  # which CPU kind and BF16 GEMM path this machine gives (docs/performance.md)
+
+    print(header(), flush=True)
     variants = [parse_variant(v) for v in args.variant] or [("repro", REPO, [])]
     load_before = os.getloadavg()
     medians: dict[str, list[float]] = {label: [] for label, _, _ in variants} | {"TRL": []}

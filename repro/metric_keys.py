@@ -43,6 +43,7 @@ PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
 PPO_KL = "actor/ppo_kl"                    # mean(old - new) over every kept token; skipped rows count as 0
 ROWS_SKIPPED_ZERO_ADV = "actor/num_rows_skipped_zero_adv"  # a count: summed over a step's updates
 MICRO_BATCHES = "actor/micro_batches"                      # a count: summed over a step's updates
+BF16_GEMM_FP32 = "actor/bf16_gemm_fp32"  # BF16 trainer on CPU: 1 = FP32 GEMMs rounded to BF16, 0 = torch's BF16 matmul
 
 # -- weight sync
 SYNC_GBPS = "weight_sync/gbps"

@@ -61,7 +61,7 @@ def by_name(results):
 # -- the whole set --------------------------------------------------------------------------------------------
 def test_healthy_amd_cluster_passes_everything():
     results = by_name(C.run_checks(AMD, amd_cluster_facts()))
-    assert {name: r.status for name, r in results.items() if r.status != PASS} == {}
+    assert {name: r.status for name, r in results.items() if r.status != PASS} == {"cpu_bf16": SKIP}  # GPUs train
     assert results["gpu_count"].detail == "Ray reports 24 GPUs = 3 x 8"
     assert "gfx942 -> e4m3fnuz" in results["fp8_format"].detail
 

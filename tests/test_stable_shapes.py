@@ -159,16 +159,21 @@ def test_row_counts_in_one_multiple_share_a_primitive(capfd):
     layer.__class__ = PaddedRowsLinear
     padded = _new_primitives(capfd, lambda: [layer(x[:rows]) for rows in range(1101, 1121)])
     if plain == 0:
-        pytest.skip("this torch runs BF16 matmuls without oneDNN primitives")
+        pytest.skip("this torch runs BF16 matmuls without oneDNN primitives (no native BF16 matmul on this CPU: "
+                    "the BF16 trainer takes the fp32 GEMM path there, repro.train.bf16_gemm)")
     assert plain == 21
     assert padded == 1
 
 
-def test_the_bf16_trainer_pads_and_the_fp32_trainer_does_not():
+def test_the_bf16_trainer_pads_and_the_fp32_trainer_does_not(monkeypatch):
+    """Pins the native BF16 GEMM path (repro.train.bf16_gemm), the one that runs oneDNN's primitives; the fp32 path
+    does not pad (tests/test_bf16_gemm.py)."""
     from repro.recipes import load_recipe
+    from repro.train.bf16_gemm import ENV_VAR
     from repro.train.embedded import EmbeddedTrainer
 
-    recipe = load_recipe("tiny-cpu")
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    recipe = load_recipe("tiny-cpu", ["actor.bf16_gemm=native"])
     bf16 = EmbeddedTrainer.from_recipe(recipe, dtype="bf16")
     fp32 = EmbeddedTrainer.from_recipe(recipe, dtype="fp32")
     assert sum(isinstance(m, PaddedRowsLinear) for m in bf16.model.modules()) == 43

@@ -282,6 +282,39 @@ def check_shm(recipe: "Recipe", facts: Facts) -> CheckResult:
     return CheckResult("shm", PASS, detail)
 
 
+# `make repro` on a 2-core machine with the venv present, by the path the BF16 trainer takes: measured figures
+# (command and date in docs/performance.md). "native" without oneDNN BF16 is the slow native path of an AVX2 CPU.
+EXPECTED_MAKE_REPRO_S = {"native": 145, "fp32": 150, "native without oneDNN BF16": 477}
+
+
+def check_cpu_bf16(recipe: "Recipe", facts: Facts) -> CheckResult:
+    """The BF16 trainer's GEMM path on this CPU (repro.train.bf16_gemm) and what `make repro` should take."""
+    from repro.train.bf16_gemm import BF16GemmError, choose_path  # torch: only where the CPU trains
+
+    if not cpu_mode(recipe) or recipe.actor.backend != "embedded" or recipe.actor.dtype != "bf16":
+        return skipped("cpu_bf16", "the trainer computes no BF16 GEMM on this CPU (GPU recipe, or actor.dtype fp32)")
+    bf16 = facts.cpu_bf16
+    if not bf16 or "error" in bf16:
+        why = bf16.get("error", "not gathered")
+        return CheckResult("cpu_bf16", WARN, f"could not read this CPU's BF16 support: {why}",
+                           "run `PYTHONPATH=. python benchmarks/bench_bf16_gemm.py --gemm` to see both paths' speed")
+    try:
+        path = choose_path(recipe.actor.bf16_gemm, bf16.get("env"), bf16["onednn_bf16"])
+    except BF16GemmError as err:
+        return CheckResult("cpu_bf16", FAIL, str(err), "the trainer refuses to start like this: see the message")
+    cpu = (f"torch capability {bf16['cpu_capability']}, avx512_bf16 {'yes' if bf16['avx512_bf16'] else 'no'}, "
+           f"amx {'yes' if bf16['amx'] else 'no'}, oneDNN BF16 {'yes' if bf16['onednn_bf16'] else 'no'}")
+    rates = bf16.get("gflops", {})
+    measured = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+    why = f"actor.bf16_gemm={recipe.actor.bf16_gemm}" + (f", REPRO_BF16_GEMM={bf16['env']}" if bf16.get("env") else "")
+    detail = (f"{cpu}; BF16 GEMMs on the {path} path ({why}); 256^3 GFLOP/s here: {measured or 'not measured'}; "
+              f"expected make repro on 2 cores: ~{{}} s")
+    if path == "native" and not bf16["onednn_bf16"]:
+        return CheckResult("cpu_bf16", WARN, detail.format(EXPECTED_MAKE_REPRO_S["native without oneDNN BF16"]),
+                           "torch's BF16 matmul has no fast kernel on this CPU: set actor.bf16_gemm: auto (or fp32)")
+    return CheckResult("cpu_bf16", PASS, detail.format(EXPECTED_MAKE_REPRO_S[path]))
+
+
 def run_checks(recipe: "Recipe", facts: Facts) -> list[CheckResult]:
     return [check(recipe, facts) for check in CHECKS]
 
@@ -294,5 +327,5 @@ def check_cluster(recipe: "Recipe", run_dir: str | os.PathLike | None = None,
 
 CHECKS: tuple[Check, ...] = (
     check_ray, check_gpu_count, check_nodes, check_accelerator, check_fp8_format, *VERSION_CHECKS,
-    check_rdma, check_nccl_env, check_disk, check_device_memory, check_host_ram, check_shm,
+    check_rdma, check_nccl_env, check_disk, check_device_memory, check_host_ram, check_shm, check_cpu_bf16,
 )

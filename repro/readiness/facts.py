@@ -48,7 +48,19 @@ def gather_facts(recipe: "Recipe", run_dir: str | os.PathLike | None = None, sta
     facts.host_ram_bytes = _host_ram()
     facts.shm_total_bytes, facts.shm_free_bytes = _disk_usage("/dev/shm")
     facts.model_staged = not recipe.model.path.startswith("builtin:") and Path(recipe.model.path).exists()
+    if recipe.cluster.gpus_per_node == 0:
+        facts.cpu_bf16 = _cpu_bf16()
     return facts
+
+
+def _cpu_bf16() -> dict:
+    """This CPU's BF16 GEMM facts and both paths' measured GFLOP/s (~50 ms); a failure is kept as ``error``."""
+    from repro.train.bf16_gemm import cpu_bf16_facts, measure_paths  # torch: only where the CPU trains
+
+    try:
+        return {**cpu_bf16_facts(), "gflops": measure_paths()}
+    except Exception as err:  # a probe must not stop the other checks; the check reports it
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 # -- Ray ---------------------------------------------------------------------------------------------------

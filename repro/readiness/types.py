@@ -59,6 +59,9 @@ class Facts:
     model_staged: bool = False  # model.path already exists (so it already occupies /dev/shm if it lives there)
     lumenrl_path: str | None = None  # where `import lumenrl` would load from (None: not importable)
     lumenrl_commit: str | None = None  # its git commit, or the one the image recorded (/workspace/SOURCE_VERSIONS)
+    # the BF16 trainer's GEMM path on this CPU (repro.train.bf16_gemm.cpu_bf16_facts, plus "gflops": the measured
+    # rates of both paths, or "error"); empty where not gathered (a GPU recipe)
+    cpu_bf16: dict = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> float:

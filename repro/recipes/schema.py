@@ -81,6 +81,7 @@ class ActorConfig(Section):
     max_tokens_per_micro_batch: int = Field(8192, ge=1, description="Token budget of one micro-batch per GPU (LumenRL max_token_len_per_gpu).")
     model_provider: str | None = Field(None, description="Megatron backend: 'package.module:function' building a rank's model (None: must be set to launch; docs/megatron-dsv4.md).")
     old_logprobs_from_update: bool = Field(True, description="Embedded trainer: take pi_old from the update's own first forward when that is exact (one update per step, a non-rejecting correction mode); false, or otherwise: a separate rescoring pass.")
+    bf16_gemm: Literal["auto", "native", "fp32"] = Field("auto", description="Embedded BF16 trainer on a CPU: how its GEMMs compute (repro.train.bf16_gemm). native: torch's BF16 matmul (oneDNN; fast only on AVX512/AMX CPUs, ~1 GFLOP/s on AVX2-only ones); fp32: an FP32 GEMM of the BF16 operands rounded once to BF16, as a GPU's BF16 GEMM; auto: native where oneDNN computes BF16 on this CPU, else fp32 ($REPRO_BF16_GEMM picks instead when set). Chosen once per run start and logged as actor/bf16_gemm_fp32.")
     cpu_update_threads: int = Field(1, ge=1, description="Embedded trainer: Python threads that split each update's rows and each scoring pass, each on its own copy of the model's modules sharing the weights (repro.train.threads); gradients are added in thread order, so a run stays deterministic. The loop runs one phase at a time: on a 2-core machine a second thread uses the core the idle rollout worker leaves.")
 
 

@@ -50,6 +50,7 @@ class StateParts:
     dtype_name: str
     step: int      # completed train_step calls
     updates: int   # completed optimizer updates (drives the warm-up)
+    bf16_gemm: str | None = None  # the BF16 GEMM path (repro.train.bf16_gemm) of a trainer that chooses one
 
 
 class Trainer(Protocol):

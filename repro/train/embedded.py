@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from repro import metric_keys as K
 from repro.algos import entropy_from_logits, logprobs_from_logits
 from repro.model import layouts
 from repro.model.hf_folder import load_tiny_model
@@ -26,9 +27,10 @@ from repro.recipes import resolve_path
 from repro.recipes.backends import TRAINERS
 from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train import trainer_state as saved_state
-from repro.train.base import LogprobResult
+from repro.train.base import LogprobResult, StateParts
 from repro.train.batch import TrainBatch, micro_batches
 from repro.train.batch_checks import check_batch
+from repro.train.bf16_gemm import FP32, NATIVE, gemm_context, resolve_bf16_gemm
 from repro.train.grpo_trainer import GRPOTrainer
 from repro.train.grpo_update import GRPOUpdate, UpdatePlan, UpdateStats, check_settings, recipe_settings
 from repro.train.optimizer import MasterAdamW
@@ -50,6 +52,9 @@ class EmbeddedTrainer(GRPOTrainer):
         skip_zero_advantage_rows: skip the forward/backward of rows with advantage exactly 0 (same gradient).
         update_threads: threads that split each update's and each scoring pass's rows (``repro.train.threads``).
         seed: seeds torch's RNG once at construction (the forward itself draws no random numbers).
+        bf16_gemm: ``"auto"``, ``"native"`` or ``"fp32"``: how a BF16 trainer's GEMMs compute on this CPU
+            (``repro.train.bf16_gemm``), resolved once here into ``self.bf16_gemm`` (an fp32 trainer has no BF16
+            GEMM: ``None``).
     """
 
     capabilities = TRAINERS["embedded"]
@@ -68,6 +73,7 @@ class EmbeddedTrainer(GRPOTrainer):
         skip_zero_advantage_rows: bool = True,
         update_threads: int = 1,
         seed: int = 0,
+        bf16_gemm: str = "auto",
     ):
         if isinstance(model, (str, Path)):
             torch.manual_seed(seed)
@@ -77,6 +83,9 @@ class EmbeddedTrainer(GRPOTrainer):
                                  skip_zero_advantage_rows)
         check_settings(dtype, max_tokens_per_micro_batch, temperature, self.grpo.algorithm, "embedded")
         self.dtype_name, self.dtype = dtype, COMPUTE_DTYPES[dtype]
+        resolved = resolve_bf16_gemm(bf16_gemm)  # an unknown name fails for fp32 trainers too
+        self.bf16_gemm = resolved if self.dtype == torch.bfloat16 else None
+        self._gemms = gemm_context(self.bf16_gemm or NATIVE)
         self.max_tokens = max_tokens_per_micro_batch
         self.temperature = temperature
         self.replay_routing = replay_routing
@@ -87,7 +96,7 @@ class EmbeddedTrainer(GRPOTrainer):
         v4 = self.served.layout in (layouts.DEEPSEEK, layouts.HF)
         self.model = cast_for_training(model, dtype, keep_fp32=layouts.keeps_fp32 if v4 else (lambda name: False))
         use_entrywise_hyper_connections(self.model)  # same numbers, ~25% less forward + backward time on CPU
-        if self.dtype == torch.bfloat16:  # BF16 matmuls run through shape-specific oneDNN primitives; FP32 through MKL
+        if self.bf16_gemm == NATIVE:  # BF16 matmuls run through shape-specific oneDNN primitives; FP32 through MKL
             use_stable_gemm_shapes(self.model)  # same numbers, a few row counts per weight for the whole run
         self.routers = topk_routers(model)
         self.opt = MasterAdamW(model, self.optim)
@@ -101,16 +110,17 @@ class EmbeddedTrainer(GRPOTrainer):
         """The trainer a recipe describes; ``model_dir`` defaults to ``recipe.model.path`` (``builtin:`` resolved)."""
         if model_dir is None:
             model_dir = resolve_path(recipe.model.path)
-        settings = {**recipe_settings(recipe), "update_threads": recipe.actor.cpu_update_threads}
+        settings = {**recipe_settings(recipe), "update_threads": recipe.actor.cpu_update_threads,
+                    "bf16_gemm": recipe.actor.bf16_gemm}
         return cls(model_dir, **{**settings, **overrides})
 
     # ---- scoring -------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _forward(model: torch.nn.Module, micro: TrainBatch, replay: bool) -> torch.Tensor:
-        """[b, t, V] logits of one micro-batch, with its recorded experts forced when ``replay``."""
+    def _forward(self, model: torch.nn.Module, micro: TrainBatch, replay: bool) -> torch.Tensor:
+        """[b, t, V] logits of one micro-batch, with its recorded experts forced when ``replay``, its GEMMs on the
+        trainer's BF16 path (the mode is per thread, so it is entered here, in the thread that forwards)."""
         context = RoutingReplay(model, micro.routing) if replay else nullcontext()
-        with context:
+        with context, self._gemms():
             return model(input_ids=micro.input_ids, use_cache=False).logits
 
     def logprobs(self, batch: TrainBatch, replay_routing: bool = True) -> LogprobResult:
@@ -206,7 +216,17 @@ class EmbeddedTrainer(GRPOTrainer):
                     start += micro.num_rows
             self.grpo.micro_loss(micro, logp, entropy, plan, stats).backward()
 
+    def _updates(self, batch: TrainBatch, logprobs_out: LogprobResult | None) -> dict[str, float]:
+        """``GRPOTrainer._updates`` with the BF16 GEMM path in every step's metrics (a BF16 trainer's only)."""
+        metrics = super()._updates(batch, logprobs_out)
+        if self.bf16_gemm is not None:
+            metrics[K.BF16_GEMM_FP32] = float(self.bf16_gemm == FP32)
+        return metrics
+
     # ---- weights and state ---------------------------------------------------------------------------------
+
+    def state_parts(self) -> StateParts:
+        return replace(super().state_parts(), bf16_gemm=self.bf16_gemm)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor the served checkpoint holds, as it names and types them: detached CPU copies.

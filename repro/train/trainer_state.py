@@ -7,7 +7,7 @@ A state folder holds:
   optimizer.safetensors   AdamW's per-parameter state tensors, keyed ``<param index>.<field>``
   optimizer.json          AdamW's hyper-parameter groups
   rng.safetensors         torch's CPU RNG state
-  trainer_state.json      step and update counters, dtype, format version
+  trainer_state.json      step and update counters, dtype, BF16 GEMM path (repro.train.bf16_gemm), format version
 
 Nothing is pickled, so the folder also passes the checkpoint loader's no-pickle rule and nothing in it can
 run code when read.
@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from repro.recipes.backends import trainer_named
 from repro.train.base import StateParts, TrainerError
+from repro.train.bf16_gemm import check_resumed_path
 
 FORMAT_VERSION = 1
 STATE_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.safetensors",
@@ -77,6 +78,8 @@ def save_trainer(trainer: StateParts, directory: str | Path, *, backend: str = "
         save_file({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
         meta = {"format": FORMAT_VERSION, "backend": backend, "step": trainer.step, "updates": trainer.updates,
                 "dtype": trainer.dtype_name}
+        if trainer.bf16_gemm is not None:
+            meta["bf16_gemm"] = trainer.bf16_gemm
         (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n")
         tmp.chmod(0o755)
         if final.exists():
@@ -111,6 +114,8 @@ def load_trainer(trainer: StateParts, directory: str | Path, *, backend: str = "
         raise TrainerError(
             f"{folder / 'trainer_state.json'}: saved by a {meta.get('dtype')} trainer, this one is {trainer.dtype_name}"
         )
+    if trainer.bf16_gemm is not None:
+        check_resumed_path(meta.get("bf16_gemm"), trainer.bf16_gemm, str(folder / "trainer_state.json"))
     weights = load_file(folder / "model.safetensors")
     if load_weights is not None:
         load_weights(weights, str(folder / "model.safetensors"))
