@@ -68,6 +68,7 @@ MAPPING: tuple[Row, ...] = (
     Row("actor.model_provider", "-", "ours", "repro's Megatron builder; verl builds the model through its bridge"),
     Row("actor.old_logprobs_from_update", "-", "ours", "repro's embedded trainer only"),
     Row("actor.cpu_update_threads", "-", "ours", "repro's embedded trainer only"),
+    Row("actor.bf16_gemm", "-", "ours", "how repro's embedded trainer computes BF16 GEMMs on a CPU"),
     Row("optim.lr", OPTIM + "lr", "mapped"),
     Row("optim.schedule", OPTIM + "lr_decay_style", "mapped"),
     Row("optim.warmup_steps", OPTIM + "lr_warmup_steps", "mapped"),
