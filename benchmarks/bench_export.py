@@ -40,6 +40,7 @@ def build_run(run_dir: Path, layers: int, hidden: int) -> None:
     from repro.run.checkpoints import save_checkpoint
     from repro.run.run_dir import prepare_run_dir
     from repro.train.embedded import EmbeddedTrainer
+    from repro.train.grpo_update import TrainerSettings
 
     kinds = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
              "compressed_sparse_attention"]
@@ -49,7 +50,7 @@ def build_run(run_dir: Path, layers: int, hidden: int) -> None:
     recipe = load_recipe("tiny-cpu", ["steps=1"])
     prepare_run_dir(recipe, run_dir, resume=False)
     (run_dir / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "reward/accuracy": 0.5}) + "\n")
-    trainer = EmbeddedTrainer(model, dtype="bf16")
+    trainer = EmbeddedTrainer(model, TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=1.0))
     torch.manual_seed(0)
     save_checkpoint(run_dir / "checkpoints", 1, trainer, {}, run_dir / "metrics.jsonl", keep_last=1)
 

@@ -26,6 +26,7 @@ from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.types import SamplingParams
 from repro.train.batch import build_batch
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 
 
 def timed(call) -> float:
@@ -55,7 +56,8 @@ def main() -> None:
     advantages = torch.randn(len(result.trajectories), generator=torch.Generator().manual_seed(0))
     batch = build_batch(result.trajectories, advantages, tokenizer.pad_token_id)
     batch.rollout_logprobs = torch.zeros(batch.input_ids.shape)
-    trainers = {dtype: EmbeddedTrainer(model_dir, temperature=0.8, dtype=dtype) for dtype in ("fp32", "bf16")}
+    trainers = {dtype: EmbeddedTrainer(model_dir, TrainerSettings(dtype=dtype, max_tokens_per_micro_batch=16384,
+                                                                  temperature=0.8)) for dtype in ("fp32", "bf16")}
 
     def train(trainer):
         batch.old_logprobs = trainer.logprobs(batch).logprobs

@@ -63,16 +63,16 @@ def main() -> None:
     from repro.model.hf_folder import load_checkpoint
     from repro.recipes import load_recipe
     from repro.train.embedded import EmbeddedTrainer
-    from repro.train.grpo_update import recipe_settings
+    from repro.train.grpo_update import TrainerSettings
 
     model, _ = load_checkpoint(ensure_warm_checkpoint())
     batch = trainer_batch(model)
-    settings = recipe_settings(load_recipe("tiny-cpu"))
+    settings = TrainerSettings.from_recipe(load_recipe("tiny-cpu"))
     sides = {}
     for label, threads, entrywise in (("library hyper-connections, 1 thread", 1, False),
                                       ("entrywise hyper-connections, 1 thread", 1, True),
                                       ("entrywise hyper-connections, 2 threads", 2, True)):
-        trainer = EmbeddedTrainer(copy.deepcopy(model), **{**settings, "update_threads": threads})
+        trainer = EmbeddedTrainer(copy.deepcopy(model), settings, update_threads=threads)
         if not entrywise:
             for replica in trainer.replicas.models:
                 for module in replica.modules():

@@ -69,14 +69,16 @@ def _trainer(seed: int):
     from repro.train.megatron.config import ddp_config, megatron_layout
     from repro.train.megatron.tiny import build_tiny_gpt_moe
     from repro.train.megatron.trainer import MegatronTrainer
+    from repro.train.grpo_update import TrainerSettings
 
     _join_world()
     amd = load_recipe("amd-dsv4-flash-mi308x")
     optimizer = dict(megatron_layout(amd)["optimizer"], lr=LR, min_lr=LR, clip_grad=CLIP, weight_decay=0.0)
     optim = OptimConfig(lr=LR, weight_decay=0.0, grad_clip=CLIP, warmup_steps=0, betas=list(amd.optim.betas),
                         eps=amd.optim.eps)
-    return MegatronTrainer(build_tiny_gpt_moe(seed=seed), optim=optim, dtype="bf16", temperature=1.0,
-                           replay_routing=False, distributed_optimizer=True, optimizer_offload=True,
+    settings = TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=1.0, optim=optim,
+                               replay_routing=False)
+    return MegatronTrainer(build_tiny_gpt_moe(seed=seed), settings, distributed_optimizer=True, optimizer_offload=True,
                            megatron_optimizer=optimizer, megatron_ddp=ddp_config(True))
 
 
@@ -126,11 +128,14 @@ def check_trainer_step() -> tuple[str, str]:
         from repro.train.faults import NAN_GRADIENT_ENV
         from repro.train.megatron.tiny import build_tiny_gpt_moe
         from repro.train.megatron.trainer import MegatronTrainer
+        from repro.train.grpo_update import TrainerSettings
 
         if torch.cuda.is_available():
             _join_world()  # on a CPU the trainer's shim makes its one-rank gloo world
-        trainer = MegatronTrainer(build_tiny_gpt_moe(seed=3), dtype="bf16", temperature=1.0, replay_routing=False,
-                                  optim=OptimConfig(lr=LR, weight_decay=0.0, grad_clip=CLIP, warmup_steps=0))
+        optim = OptimConfig(lr=LR, weight_decay=0.0, grad_clip=CLIP, warmup_steps=0)
+        settings = TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=1.0,
+                                   replay_routing=False, optim=optim)
+        trainer = MegatronTrainer(build_tiny_gpt_moe(seed=3), settings)
         batch = _batch()
         batch.old_logprobs = trainer.logprobs(batch, replay_routing=False).logprobs
         want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())

@@ -29,6 +29,7 @@ from repro.recipes import load_recipe
 from repro.train import bf16_gemm
 from repro.train.bf16_gemm import ENV_VAR, FP32, NATIVE, BF16GemmError, FP32Gemms, resolve_bf16_gemm
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 from repro.train.precision import cast_for_training
 from repro.train.stable_shapes import PaddedRowsLinear
 from test_trainer_contract import make_batch, with_old_logprobs
@@ -238,7 +239,8 @@ def base_model():
 
 
 def _trainer(model, path, **settings):
-    return EmbeddedTrainer(copy.deepcopy(model), dtype="bf16", temperature=0.8, bf16_gemm=path, **settings)
+    stated = TrainerSettings(**{"dtype": "bf16", "max_tokens_per_micro_batch": 16384, "temperature": 0.8, **settings})
+    return EmbeddedTrainer(copy.deepcopy(model), stated, bf16_gemm=path)
 
 
 @pytest.mark.parametrize("path", [NATIVE, FP32])
@@ -271,7 +273,8 @@ def test_the_fp32_path_trains_with_no_bf16_gemm_and_near_the_native_path(base_mo
         fp32_path.train_step(with_old_logprobs(fp32_path, batch))
     assert seen.calls == []
     lp_native = native.logprobs(batch).logprobs
-    lp_full = EmbeddedTrainer(copy.deepcopy(base_model), temperature=0.8).logprobs(batch).logprobs
+    lp_full = EmbeddedTrainer(copy.deepcopy(base_model), TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384,
+                                                                         temperature=0.8)).logprobs(batch).logprobs
     gap, bf16_error = float((lp_fp32 - lp_native).abs().max()), float((lp_native - lp_full).abs().max())
     assert gap < 0.05 and gap <= bf16_error
 
@@ -285,11 +288,15 @@ def test_a_resume_on_the_other_path_is_refused(base_model, tmp_path, monkeypatch
 
 
 def test_an_fp32_trainer_has_no_bf16_path(base_model):
-    trainer = EmbeddedTrainer(copy.deepcopy(base_model), temperature=0.8, bf16_gemm=FP32)
+    trainer = EmbeddedTrainer(copy.deepcopy(base_model),
+                              TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8),
+                              bf16_gemm=FP32)
     assert trainer.bf16_gemm is None
     assert K.BF16_GEMM_FP32 not in trainer.train_step(with_old_logprobs(trainer, make_batch(base_model)))
     with pytest.raises(BF16GemmError):
-        EmbeddedTrainer(copy.deepcopy(base_model), bf16_gemm="fast")
+        EmbeddedTrainer(copy.deepcopy(base_model),
+                        TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=1.0),
+                        bf16_gemm="fast")
 
 
 def test_the_recipe_field_reaches_the_trainer():

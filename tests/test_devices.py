@@ -43,9 +43,11 @@ def test_an_injected_nan_gradient_skips_that_update_and_the_next_one_steps(monke
     from repro.model.tiny import build_tiny_model
     from repro.recipes.schema import OptimConfig
     from repro.train.embedded import EmbeddedTrainer
+    from repro.train.grpo_update import TrainerSettings
     from test_trainer_contract import make_batch
 
-    trainer = EmbeddedTrainer(build_tiny_model(seed=0), optim=OptimConfig(lr=1e-3), temperature=1.0)
+    trainer = EmbeddedTrainer(build_tiny_model(seed=0), TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384,
+                                                                        temperature=1.0, optim=OptimConfig(lr=1e-3)))
     batch = make_batch(trainer.model)
     batch.old_logprobs = trainer.logprobs(batch).logprobs
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -14,11 +14,12 @@ from repro.model.tiny import build_tiny_model
 from repro.recipes import load_recipe
 from repro.train.base import TrainerError
 from repro.train.embedded import EmbeddedTrainer
-from repro.train.grpo_update import old_logprobs_from_update
+from repro.train.grpo_update import TrainerSettings, old_logprobs_from_update
 from repro.train.optimizer import warmup_constant_lr
 from test_trainer_contract import make_batch, one_thread, with_old_logprobs  # noqa: F401 (fixture)
 
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.0)
+SETTINGS = TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8, optim=OPTIM)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def base_model():
 
 
 def test_state_folder_loads_as_a_checkpoint_through_from_recipe(base_model, tmp_path):
-    trainer = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8)
+    trainer = EmbeddedTrainer(copy.deepcopy(base_model), SETTINGS)
     trainer.save(tmp_path / "state")
     recipe = load_recipe("tiny-cpu", ["actor.dtype=fp32"])  # the saved trainer is fp32; tiny-cpu's own is bf16
     loaded = EmbeddedTrainer.from_recipe(recipe, model_dir=tmp_path / "state")
@@ -41,8 +42,8 @@ def test_state_folder_loads_as_a_checkpoint_through_from_recipe(base_model, tmp_
 
 def test_bf16_trains_on_fp32_masters_and_resumes_bit_identically(base_model, tmp_path):
     batch = make_batch(base_model)
-    fp32 = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8)
-    bf16 = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, dtype="bf16")
+    fp32 = EmbeddedTrainer(copy.deepcopy(base_model), SETTINGS)
+    bf16 = EmbeddedTrainer(copy.deepcopy(base_model), replace(SETTINGS, dtype="bf16"))
     gap = (bf16.logprobs(batch).logprobs - fp32.logprobs(batch).logprobs).abs().max()
     assert 0 < float(gap) < 0.05
     bf16.train_step(with_old_logprobs(bf16, batch))
@@ -55,38 +56,39 @@ def test_bf16_trains_on_fp32_masters_and_resumes_bit_identically(base_model, tmp
     bf16.save(tmp_path / "state")
     assert (tmp_path / "state" / "master.safetensors").is_file()
     expected = bf16.train_step(batch)
-    resumed = EmbeddedTrainer(build_tiny_model(seed=4), optim=OPTIM, temperature=0.8, dtype="bf16")
+    resumed = EmbeddedTrainer(build_tiny_model(seed=4), replace(SETTINGS, dtype="bf16"))
     resumed.load(tmp_path / "state")
     assert resumed.train_step(batch) == expected
 
 
 def test_load_refuses_a_mismatched_or_incomplete_state(base_model, tmp_path):
-    EmbeddedTrainer(copy.deepcopy(base_model), dtype="bf16").save(tmp_path / "state")
+    EmbeddedTrainer(copy.deepcopy(base_model), replace(SETTINGS, dtype="bf16")).save(tmp_path / "state")
     with pytest.raises(TrainerError, match="bf16"):
-        EmbeddedTrainer(copy.deepcopy(base_model)).load(tmp_path / "state")
+        EmbeddedTrainer(copy.deepcopy(base_model), SETTINGS).load(tmp_path / "state")
     (tmp_path / "state" / "optimizer.safetensors").unlink()
     with pytest.raises(TrainerError, match="optimizer.safetensors"):
-        EmbeddedTrainer(copy.deepcopy(base_model), dtype="bf16").load(tmp_path / "state")
+        EmbeddedTrainer(copy.deepcopy(base_model), replace(SETTINGS, dtype="bf16")).load(tmp_path / "state")
     meta = json.loads((tmp_path / "state" / "trainer_state.json").read_text())
     assert meta["step"] == 0 and meta["dtype"] == "bf16"
 
 
 def test_updates_per_step_splits_the_batch_into_updates(base_model):
     batch = make_batch(base_model)
-    trainer = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8,
-                              algorithm=AlgorithmConfig(updates_per_step=2))
+    trainer = EmbeddedTrainer(copy.deepcopy(base_model),
+                              replace(SETTINGS, algorithm=AlgorithmConfig(updates_per_step=2)))
     metrics = trainer.train_step(with_old_logprobs(trainer, batch))
     assert trainer.step == 1 and trainer.updates == 2
     assert metrics["actor/num_rows_skipped_zero_adv"] == 4  # rows 4-7, all in the second update
     with pytest.raises(TrainerError, match="updates_per_step"):
-        EmbeddedTrainer(copy.deepcopy(base_model), algorithm=AlgorithmConfig(updates_per_step=9)).train_step(batch)
+        too_many = replace(SETTINGS, algorithm=AlgorithmConfig(updates_per_step=9))
+        EmbeddedTrainer(copy.deepcopy(base_model), too_many).train_step(batch)
 
 
 def test_unsupported_settings_are_refused(base_model):
     with pytest.raises(TrainerError, match="kl_coef"):
-        EmbeddedTrainer(copy.deepcopy(base_model), algorithm=AlgorithmConfig(kl_coef=0.1))
+        EmbeddedTrainer(copy.deepcopy(base_model), replace(SETTINGS, algorithm=AlgorithmConfig(kl_coef=0.1)))
     with pytest.raises(TrainerError, match="dtype"):
-        EmbeddedTrainer(copy.deepcopy(base_model), dtype="fp16")
+        replace(SETTINGS, dtype="fp16")
 
 
 def test_warmup_ramps_linearly_then_holds():
@@ -102,8 +104,8 @@ def test_old_logprobs_from_the_update_equal_a_separate_rescoring(base_model, max
     it skips) is the separate rescoring's numbers exactly, and so are the update's metrics and new weights."""
     batch = make_batch(base_model)
     assert (batch.advantages == 0).any() and (batch.advantages != 0).any()
-    separate, fused = (EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8,
-                                       max_tokens_per_micro_batch=max_tokens, update_threads=threads) for _ in range(2))
+    settings = replace(SETTINGS, max_tokens_per_micro_batch=max_tokens)
+    separate, fused = (EmbeddedTrainer(copy.deepcopy(base_model), settings, update_threads=threads) for _ in range(2))
     for _ in range(2):  # the second step starts from the updated weights
         rescored = separate.logprobs(batch)
         expected = separate.train_step(replace(batch, old_logprobs=rescored.logprobs))
@@ -116,11 +118,12 @@ def test_old_logprobs_from_the_update_equal_a_separate_rescoring(base_model, max
 
 def test_old_logprobs_from_the_update_are_refused_where_they_would_be_stale(base_model):
     batch = make_batch(base_model)
-    two_updates = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, algorithm=AlgorithmConfig(updates_per_step=2))
+    two_updates = EmbeddedTrainer(copy.deepcopy(base_model),
+                                  replace(SETTINGS, algorithm=AlgorithmConfig(updates_per_step=2)))
     with pytest.raises(TrainerError, match="updates_per_step=2"):
         two_updates.scored_train_step(batch)
-    rejecting = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM,
-                                rollout_correction=RolloutCorrectionConfig(mode="token_mask"))
+    rejecting = EmbeddedTrainer(copy.deepcopy(base_model),
+                                replace(SETTINGS, rollout_correction=RolloutCorrectionConfig(mode="token_mask")))
     with pytest.raises(TrainerError, match="token_mask"):
         rejecting.scored_train_step(batch)
     recipe = load_recipe("tiny-cpu")

@@ -27,6 +27,7 @@ from repro.run.checkpoints import save_checkpoint, seal_checkpoint
 from repro.run.export import export_run
 from repro.run.run_dir import prepare_run_dir, resolve_model_dir
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = torch.tensor([[0, 7, 12, 3, 9, 14, 4, 22, 5], [0, 18, 6, 11, 2, 2, 2, 2, 2]])  # two rows, one padded
@@ -122,7 +123,8 @@ def test_release_export_round_trips_through_repros_loader(run_dir, resumed, tmp_
     loaded = load_tiny_model(out)  # repro's loader: names renamed by transformers, upcast to fp32
     for name, tensor in trainer.model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor.to(loaded.state_dict()[name].dtype)), name
-    again = EmbeddedTrainer(out, dtype="bf16")  # the export as the model folder of a new run
+    # the export as the model folder of a new run
+    again = EmbeddedTrainer(out, TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=1.0))
     with torch.no_grad():
         assert torch.equal(again.model(input_ids=IDS, use_cache=False).logits, logits)
 

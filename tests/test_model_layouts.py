@@ -21,6 +21,7 @@ from repro.rollout.embedded import EmbeddedEngine, RolloutError
 from repro.sync.apply import apply_stream
 from repro.sync.stream import pack_buckets
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -149,7 +150,7 @@ def test_a_save_pretrained_folder_is_refused_by_name(model, tmp_path):
 def test_names_travel_through_the_embedded_lane_and_fp32_arrives_as_fp32(release):
     """bf16 trainer on the BF16 release -> buckets -> embedded engine: release names, the folder's dtypes, MTP left
     out (and refused with the reason), an FP32 change smaller than BF16 resolution arriving intact."""
-    trainer = EmbeddedTrainer(release, dtype="bf16", temperature=0.8)
+    trainer = EmbeddedTrainer(release, TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=0.8))
     engine = EmbeddedEngine(load_tiny_model(release), eos_id=1, pad_id=2, max_context=32)
     fn = trainer.model.model.layers[1].attn_hc.fn
     assert fn.dtype == torch.float32 and trainer.model.lm_head.weight.dtype == torch.bfloat16

@@ -11,6 +11,7 @@ weights take values on both sides of the cap.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCA
 from repro.rollout.types import FinishReason, Trajectory
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch, build_batch
+from repro.train.grpo_update import TrainerSettings
 from repro.train.embedded import EmbeddedTrainer
 
 TEMPERATURE = 0.8
@@ -52,15 +54,17 @@ def model(base_model):
 
 @pytest.fixture
 def trainer_factory():
-    def make(model, **settings):
-        defaults = dict(
+    def make(model, **changes):
+        """The contract's trainer, every setting stated; ``changes`` name ``TrainerSettings`` fields."""
+        settings = TrainerSettings(
+            dtype="fp32",
+            max_tokens_per_micro_batch=4096,
+            temperature=TEMPERATURE,
             optim=OptimConfig(lr=1e-3, weight_decay=0.0, betas=[0.9, 0.98]),
             algorithm=AlgorithmConfig(),
             rollout_correction=RolloutCorrectionConfig(mode="token", threshold=2.0),
-            temperature=TEMPERATURE,
-            max_tokens_per_micro_batch=4096,
         )
-        return EmbeddedTrainer(model, **{**defaults, **settings})
+        return EmbeddedTrainer(model, replace(settings, **changes))
 
     return make
 

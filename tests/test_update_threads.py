@@ -12,6 +12,7 @@ import torch
 from repro.model.tiny import build_tiny_model
 from repro.recipes.schema import OptimConfig
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 from repro.train import threads
 from repro.train.threads import ThreadedReplicas, balanced_shares, use_worker_threads, worker_thread_env
 from test_trainer_contract import assert_same_gradients, make_batch, one_thread, with_old_logprobs  # noqa: F401
@@ -35,8 +36,9 @@ def test_balanced_shares_split_by_running_width():
 
 def test_two_threads_give_one_threads_gradients_and_the_same_numbers_every_run(base_model):
     batch = make_batch(base_model)
-    trainers = {threads: EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8,
-                                         update_threads=threads) for threads in (1, 2)}
+    settings = TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8, optim=OPTIM)
+    trainers = {threads: EmbeddedTrainer(copy.deepcopy(base_model), settings, update_threads=threads)
+                for threads in (1, 2)}
     batch = with_old_logprobs(trainers[1], batch)
     assert torch.equal(trainers[2].logprobs(batch).logprobs[batch.response_mask] != 0,
                        batch.old_logprobs[batch.response_mask] != 0)
@@ -51,7 +53,8 @@ def test_two_threads_give_one_threads_gradients_and_the_same_numbers_every_run(b
 
 def test_copies_share_the_weights_the_optimizer_updates(base_model):
     batch = make_batch(base_model)
-    trainer = EmbeddedTrainer(copy.deepcopy(base_model), optim=OPTIM, temperature=0.8, update_threads=2)
+    settings = TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8, optim=OPTIM)
+    trainer = EmbeddedTrainer(copy.deepcopy(base_model), settings, update_threads=2)
     trainer.train_step(with_old_logprobs(trainer, batch))
     model, replica = trainer.replicas.models
     changed = 0

@@ -37,6 +37,7 @@ from repro.recipes.schema import Recipe
 from repro.rollout.numerics import RolloutNumerics
 from repro.train.batch import TrainBatch
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 
 WEIGHTS_ONLY = RolloutNumerics()
 
@@ -125,7 +126,8 @@ def attribute(recipe: Recipe, folder: Path, prompts: int, n: int, seed: int, buc
     in LumenRL's edges, "decode_gap": the rescoring's own error}."""
     temperature, cap = recipe.rollout.temperature, recipe.rollout_correction.threshold
     model, tokenizer = load_checkpoint(folder)
-    trainers = {dtype: EmbeddedTrainer(folder, temperature=temperature, dtype=dtype) for dtype in ("fp32", "bf16")}
+    trainers = {dtype: EmbeddedTrainer(folder, TrainerSettings(dtype=dtype, max_tokens_per_micro_batch=16384,
+                                                               temperature=temperature)) for dtype in ("fp32", "bf16")}
     fixed = sample_fixed_batch(recipe, model, tokenizer, trainers["fp32"], prompts, n, seed)
     batch, mask = fixed.batch, fixed.batch.response_mask
     fine = tuple(range(bucket_width, recipe.lengths.max_response + bucket_width, bucket_width))

@@ -51,6 +51,7 @@ from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.types import SamplingParams
 from repro.train.batch import build_batch
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 
 AMD = {"k1": 0.4706, "ess": 0.791}  # AMD's post: rollout_corr/kl and the ESS at the end of its run
 
@@ -150,7 +151,8 @@ def measure_fault(recipe: Recipe, folder: Path, fault: Fault, prompts: int, n: i
                   stale_dir: Path | None = None) -> dict:
     """One row of the table: the faulted engine samples ``prompts`` x ``n`` and is scored against the trainer."""
     model, tokenizer = load_checkpoint(folder)
-    trainer = EmbeddedTrainer(folder, temperature=recipe.rollout.temperature, dtype=recipe.actor.dtype)
+    trainer = EmbeddedTrainer(folder, TrainerSettings(dtype=recipe.actor.dtype, max_tokens_per_micro_batch=16384,
+                                                      temperature=recipe.rollout.temperature))
     stale = None
     if fault.stale_experts:
         if stale_dir is None:

@@ -41,6 +41,7 @@ from repro.rollout.numerics import RolloutNumerics
 from repro.rollout.types import SamplingParams
 from repro.train.batch import TrainBatch, build_batch
 from repro.train.embedded import EmbeddedTrainer
+from repro.train.grpo_update import TrainerSettings
 
 ALL_ON = RolloutNumerics(activation_quant=True, bf16_activations=True, kv_cache_fp8=True)
 
@@ -168,7 +169,8 @@ def measure_sources(recipe: str | Recipe, prompts: int = 32, n: int = 8, seed: i
     folder = resolve_path(recipe.model.path) if model_dir is None else Path(model_dir)
     temperature, cap = recipe.rollout.temperature, recipe.rollout_correction.threshold
     model, tokenizer = load_checkpoint(folder)
-    trainers = {dtype: EmbeddedTrainer(folder, temperature=temperature, dtype=dtype) for dtype in ("fp32", "bf16")}
+    trainers = {dtype: EmbeddedTrainer(folder, TrainerSettings(dtype=dtype, max_tokens_per_micro_batch=16384,
+                                                               temperature=temperature)) for dtype in ("fp32", "bf16")}
     fixed = sample_fixed_batch(recipe, model, tokenizer, trainers["fp32"], prompts, n, seed)
     batch = fixed.batch
     edges = tuple(range(bucket_width, recipe.lengths.max_response + bucket_width, bucket_width))

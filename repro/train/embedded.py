@@ -25,14 +25,14 @@ from repro.model.routing import RoutingReplay, topk_routers
 from repro.model.served import export_weights, served_weights
 from repro.recipes import resolve_path
 from repro.recipes.backends import TRAINERS
-from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.recipes.schema import Recipe
 from repro.train import trainer_state as saved_state
 from repro.train.base import LogprobResult, StateParts
 from repro.train.batch import TrainBatch, micro_batches
 from repro.train.batch_checks import check_batch
 from repro.train.bf16_gemm import FP32, NATIVE, gemm_context, resolve_bf16_gemm
 from repro.train.grpo_trainer import GRPOTrainer
-from repro.train.grpo_update import GRPOUpdate, UpdatePlan, UpdateStats, check_settings, recipe_settings
+from repro.train.grpo_update import TrainerSettings, UpdatePlan, UpdateStats
 from repro.train.optimizer import MasterAdamW
 from repro.train.precision import COMPUTE_DTYPES, cast_for_training
 from repro.train.stable_shapes import use_stable_gemm_shapes
@@ -44,14 +44,8 @@ class EmbeddedTrainer(GRPOTrainer):
 
     Args:
         model: a ``DeepseekV4ForCausalLM`` or a safetensors checkpoint folder holding one.
-        optim, algorithm, rollout_correction: the recipe sections of the same names.
-        dtype: ``"fp32"`` or ``"bf16"`` (compute dtype; AdamW keeps fp32 masters either way).
-        max_tokens_per_micro_batch: padded tokens (rows x width) per forward.
-        temperature: the rollout's sampling temperature; log-probs are of softmax(logits / temperature).
-        replay_routing: R3 in ``train_step`` (``logprobs`` takes its own flag).
-        skip_zero_advantage_rows: skip the forward/backward of rows with advantage exactly 0 (same gradient).
+        settings: what every trainer backend takes from the recipe (``TrainerSettings``).
         update_threads: threads that split each update's and each scoring pass's rows (``repro.train.threads``).
-        seed: seeds torch's RNG once at construction (the forward itself draws no random numbers).
         bf16_gemm: ``"auto"``, ``"native"`` or ``"fp32"``: how a BF16 trainer's GEMMs compute on this CPU
             (``repro.train.bf16_gemm``), resolved once here into ``self.bf16_gemm`` (an fp32 trainer has no BF16
             GEMM: ``None``).
@@ -62,39 +56,31 @@ class EmbeddedTrainer(GRPOTrainer):
     def __init__(
         self,
         model: torch.nn.Module | str | Path,
+        settings: TrainerSettings,
         *,
-        optim: OptimConfig | None = None,
-        algorithm: AlgorithmConfig | None = None,
-        rollout_correction: RolloutCorrectionConfig | None = None,
-        dtype: str = "fp32",
-        max_tokens_per_micro_batch: int = 16384,
-        temperature: float = 1.0,
-        replay_routing: bool = True,
-        skip_zero_advantage_rows: bool = True,
         update_threads: int = 1,
-        seed: int = 0,
         bf16_gemm: str = "auto",
     ):
         if isinstance(model, (str, Path)):
-            torch.manual_seed(seed)
+            torch.manual_seed(settings.seed)
             model = load_tiny_model(model)
-        self.optim = optim or OptimConfig()
-        self.grpo = GRPOUpdate(algorithm or AlgorithmConfig(), rollout_correction or RolloutCorrectionConfig(),
-                                 skip_zero_advantage_rows)
-        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.grpo.algorithm, "embedded")
-        self.dtype_name, self.dtype = dtype, COMPUTE_DTYPES[dtype]
+        self.settings = settings
+        self.optim = settings.optim
+        self.grpo = settings.update_rules("embedded")
+        self.dtype_name, self.dtype = settings.dtype, COMPUTE_DTYPES[settings.dtype]
         resolved = resolve_bf16_gemm(bf16_gemm)  # an unknown name fails for fp32 trainers too
         self.bf16_gemm = resolved if self.dtype == torch.bfloat16 else None
         self._gemms = gemm_context(self.bf16_gemm or NATIVE)
-        self.max_tokens = max_tokens_per_micro_batch
-        self.temperature = temperature
-        self.replay_routing = replay_routing
-        torch.manual_seed(seed)
+        self.max_tokens = settings.max_tokens_per_micro_batch
+        self.temperature = settings.temperature
+        self.replay_routing = settings.replay_routing
+        torch.manual_seed(settings.seed)
         # What the weight export must reproduce: the served checkpoint's names, shapes and dtypes (taken before
         # the cast, so a model built in memory exports the dtypes it was built in).
         self.served = served_weights(model)
         v4 = self.served.layout in (layouts.DEEPSEEK, layouts.HF)
-        self.model = cast_for_training(model, dtype, keep_fp32=layouts.keeps_fp32 if v4 else (lambda name: False))
+        self.model = cast_for_training(model, settings.dtype,
+                                       keep_fp32=layouts.keeps_fp32 if v4 else (lambda name: False))
         use_entrywise_hyper_connections(self.model)  # same numbers, ~25% less forward + backward time on CPU
         if self.bf16_gemm == NATIVE:  # BF16 matmuls run through shape-specific oneDNN primitives; FP32 through MKL
             use_stable_gemm_shapes(self.model)  # same numbers, a few row counts per weight for the whole run
@@ -107,12 +93,13 @@ class EmbeddedTrainer(GRPOTrainer):
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, model_dir: str | Path | None = None, **overrides) -> "EmbeddedTrainer":
-        """The trainer a recipe describes; ``model_dir`` defaults to ``recipe.model.path`` (``builtin:`` resolved)."""
+        """The trainer a recipe describes; ``model_dir`` defaults to ``recipe.model.path`` (``builtin:`` resolved);
+        ``overrides`` name ``TrainerSettings`` fields or this constructor's own arguments."""
         if model_dir is None:
             model_dir = resolve_path(recipe.model.path)
-        settings = {**recipe_settings(recipe), "update_threads": recipe.actor.cpu_update_threads,
-                    "bf16_gemm": recipe.actor.bf16_gemm}
-        return cls(model_dir, **{**settings, **overrides})
+        changes, own = TrainerSettings.split(overrides)
+        own = {"update_threads": recipe.actor.cpu_update_threads, "bf16_gemm": recipe.actor.bf16_gemm, **own}
+        return cls(model_dir, TrainerSettings.from_recipe(recipe, **changes), **own)
 
     # ---- scoring -------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ One ``train_step`` = the batch split into ``updates_per_step`` row groups, one o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
 import torch
@@ -27,7 +27,7 @@ import torch
 from repro import metric_keys as K
 from repro.algos import agg_loss, broadcast_to_tokens, ppo_clip_loss, rollout_is_weights
 from repro.recipes.backends import trainer_of
-from repro.recipes.schema import AlgorithmConfig, Recipe, RolloutCorrectionConfig
+from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
 from repro.train.base import TrainerError
 from repro.train.batch import TrainBatch
 from repro.train.precision import COMPUTE_DTYPES
@@ -70,22 +70,6 @@ class UpdatePlan:
     total_rows: int     # rows with at least one kept token (the seq-mean modes' normaliser)
 
 
-def check_settings(dtype: str, max_tokens: int, temperature: float, algorithm: AlgorithmConfig, backend: str) -> None:
-    """Refuse settings a trainer backend cannot honour, naming each."""
-    if dtype not in COMPUTE_DTYPES:
-        raise TrainerError(f"dtype must be one of {sorted(COMPUTE_DTYPES)}, got {dtype!r}")
-    if max_tokens < 1 or temperature <= 0:
-        raise TrainerError(
-            f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got {max_tokens} and {temperature}"
-        )
-    if algorithm.kl_coef != 0 or algorithm.entropy_coef != 0:
-        # Both would also make zero-advantage rows carry gradient, which the row skipping relies on not doing.
-        raise TrainerError(
-            f"algorithm.kl_coef={algorithm.kl_coef}, entropy_coef={algorithm.entropy_coef}: the "
-            f"{backend} trainer implements neither (the reproduced run uses 0 for both)"
-        )
-
-
 def scores_in_update(algorithm: AlgorithmConfig, correction: RolloutCorrectionConfig) -> bool:
     """Whether an update's own first forward can give pi_old (the separate rescoring pass then scores only the
     rows the update skips). Exact when there is one update per step: the policy that forwards is still the one
@@ -102,18 +86,58 @@ def old_logprobs_from_update(recipe: Recipe) -> bool:
             and scores_in_update(recipe.algorithm, recipe.rollout_correction))
 
 
-def recipe_settings(recipe: Recipe) -> dict:
-    """The trainer constructor arguments every backend takes from the recipe (the model comes separately)."""
-    return dict(
-        optim=recipe.optim,
-        algorithm=recipe.algorithm,
-        rollout_correction=recipe.rollout_correction,
-        dtype=recipe.actor.dtype,
-        max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
-        temperature=recipe.rollout.temperature,
-        replay_routing=recipe.routing_replay.enabled,
-        seed=recipe.seed,
-    )
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What every trainer backend takes from the recipe, declared once for both constructors (the model and each
+    backend's own arguments come separately).
+
+    ``dtype``, ``max_tokens_per_micro_batch`` and ``temperature`` have no default: a trainer built outside a
+    recipe (a test, a benchmark, a study) states them, so it cannot quietly score at another temperature than its
+    rollout samples at, or train in another precision than the run it stands for. The three recipe sections default
+    to the schema's defaults (AMD's run); ``seed`` seeds torch's RNG once at construction (a recipe passes its own;
+    the forward draws no random numbers)."""
+
+    dtype: str                         # "fp32" or "bf16": the compute dtype (AdamW keeps fp32 masters either way)
+    max_tokens_per_micro_batch: int    # padded tokens (rows x width) per forward
+    temperature: float                 # the rollout's: log-probs are of softmax(logits / temperature)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    replay_routing: bool = True        # R3 in train_step (``logprobs`` takes its own flag)
+    skip_zero_advantage_rows: bool = True  # skip the forward/backward of rows whose advantage is 0 (same gradient)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in COMPUTE_DTYPES:
+            raise TrainerError(f"dtype must be one of {sorted(COMPUTE_DTYPES)}, got {self.dtype!r}")
+        if self.max_tokens_per_micro_batch < 1 or self.temperature <= 0:
+            raise TrainerError(f"max_tokens_per_micro_batch must be >= 1 and temperature > 0, got "
+                               f"{self.max_tokens_per_micro_batch} and {self.temperature}")
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, **changes) -> "TrainerSettings":
+        """The recipe's settings, with ``changes`` (field names of this class) over them."""
+        return replace(cls(
+            dtype=recipe.actor.dtype, max_tokens_per_micro_batch=recipe.actor.max_tokens_per_micro_batch,
+            temperature=recipe.rollout.temperature, optim=recipe.optim, algorithm=recipe.algorithm,
+            rollout_correction=recipe.rollout_correction, replay_routing=recipe.routing_replay.enabled,
+            seed=recipe.seed), **changes)
+
+    @staticmethod
+    def split(arguments: dict) -> tuple[dict, dict]:
+        """``arguments`` as (this class's fields, the rest): a ``from_recipe`` override may name either."""
+        names = {f.name for f in fields(TrainerSettings)}
+        return ({k: v for k, v in arguments.items() if k in names},
+                {k: v for k, v in arguments.items() if k not in names})
+
+    def update_rules(self, backend: str) -> "GRPOUpdate":
+        """The update these settings describe, refusing what the ``backend`` trainer cannot honour."""
+        if self.algorithm.kl_coef != 0 or self.algorithm.entropy_coef != 0:
+            # Both would also make zero-advantage rows carry gradient, which the row skipping relies on not doing.
+            raise TrainerError(
+                f"algorithm.kl_coef={self.algorithm.kl_coef}, entropy_coef={self.algorithm.entropy_coef}: the "
+                f"{backend} trainer implements neither (the reproduced run uses 0 for both)")
+        return GRPOUpdate(self.algorithm, self.rollout_correction, self.skip_zero_advantage_rows)
 
 
 @dataclass(frozen=True)

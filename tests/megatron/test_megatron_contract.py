@@ -15,6 +15,7 @@ weights, so "every state-dict key" becomes "every tensor of the state dict" and 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 import sys
 
 import pytest
@@ -40,6 +41,7 @@ from repro.recipes.schema import AlgorithmConfig, OptimConfig, RolloutCorrection
 from repro.model.tiny import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, TINY_VOCAB_SIZE  # noqa: E402
 from repro.rollout.types import FinishReason, Trajectory  # noqa: E402
 from repro.train.batch import TrainBatch, build_batch  # noqa: E402
+from repro.train.grpo_update import TrainerSettings  # noqa: E402
 from repro.train.megatron.model import load_weights, moe_routers, record_routing, weight_state  # noqa: E402
 from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
 from repro.train.megatron.tiny import build_tiny_gpt_moe  # noqa: E402
@@ -89,15 +91,17 @@ def model():
 
 @pytest.fixture
 def trainer_factory():
-    def make(model, **settings):
-        defaults = dict(
+    def make(model, **changes):
+        """The contract's trainer, every setting stated; ``changes`` name ``TrainerSettings`` fields."""
+        settings = TrainerSettings(
+            dtype="fp32",
+            max_tokens_per_micro_batch=4096,
+            temperature=TEMPERATURE,
             optim=OptimConfig(lr=1e-3, weight_decay=0.0, betas=[0.9, 0.98]),
             algorithm=AlgorithmConfig(),
             rollout_correction=RolloutCorrectionConfig(mode="token", threshold=2.0),
-            temperature=TEMPERATURE,
-            max_tokens_per_micro_batch=4096,
         )
-        return MegatronTrainer(model, **{**defaults, **settings})
+        return MegatronTrainer(model, replace(settings, **changes))
 
     return make
 

@@ -132,7 +132,7 @@ def _old_format_save(trainer, directory: Path) -> None:
     from repro.train.trainer_state import save_trainer
 
     view = SimpleNamespace(model=trainer.model, opt=trainer.opt.inner, dtype_name=trainer.dtype_name,
-                           step=trainer.step, updates=trainer.updates)
+                           step=trainer.step, updates=trainer.updates, bf16_gemm=None)
     save_trainer(view, directory, backend="megatron", weights=weight_state(trainer.model), hf_config=False)
 
 

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from repro.recipes.schema import OptimConfig  # noqa: E402
 from repro.train.megatron.tiny import build_tiny_gpt_moe  # noqa: E402
 from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
+from repro.train.grpo_update import TrainerSettings  # noqa: E402
 from test_megatron_contract import MODEL_SEED, make_megatron_batch, one_thread  # noqa: E402,F401
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -32,7 +33,8 @@ from emulated_cuda import emulated_cuda, is_on_device  # noqa: E402
 
 
 def _trainer(model) -> MegatronTrainer:
-    return MegatronTrainer(model, optim=OptimConfig(lr=1e-3, weight_decay=0.0), temperature=0.8)
+    return MegatronTrainer(model, TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8,
+                                                  optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
 
 
 def _fresh_buffers() -> None:

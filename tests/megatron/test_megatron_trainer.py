@@ -13,6 +13,7 @@ from repro.recipes import load_recipe  # noqa: E402
 from repro.train.base import TrainerError  # noqa: E402
 from repro.train.megatron.model import record_routing  # noqa: E402
 from repro.train.megatron.trainer import MegatronTrainer  # noqa: E402
+from repro.train.grpo_update import TrainerSettings  # noqa: E402
 from repro.train.megatron.tiny import build_tiny_gpt_moe  # noqa: E402
 from test_megatron_contract import MODEL_SEED, make_megatron_batch, one_thread  # noqa: E402,F401
 
@@ -20,7 +21,8 @@ from test_megatron_contract import MODEL_SEED, make_megatron_batch, one_thread  
 def test_bf16_trainer_exports_bf16_weights_and_keeps_fp32_masters(tmp_path):
     model = build_tiny_gpt_moe(seed=MODEL_SEED)
     batch = make_megatron_batch(model)
-    trainer = MegatronTrainer(model, dtype="bf16", optim=OptimConfig(lr=1e-3, weight_decay=0.0), temperature=0.8)
+    trainer = MegatronTrainer(model, TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=0.8,
+                                                     optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
     batch.old_logprobs = trainer.logprobs(batch).logprobs
     metrics = trainer.train_step(batch)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
@@ -45,7 +47,8 @@ def test_bf16_trainer_exports_bf16_weights_and_keeps_fp32_masters(tmp_path):
 
 def test_export_names_maps_the_synced_weights():
     model = build_tiny_gpt_moe(seed=MODEL_SEED)
-    trainer = MegatronTrainer(model, export_names=lambda w: {f"policy.{k}": v for k, v in w.items()})
+    trainer = MegatronTrainer(model, TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=1.0),
+                              export_names=lambda w: {f"policy.{k}": v for k, v in w.items()})
     from repro.train.megatron.model import weight_state
 
     assert {name for name, _ in trainer.named_weights()} == {f"policy.{k}" for k in weight_state(model)}
@@ -72,7 +75,7 @@ def test_amd_layout_on_one_process_fails_naming_the_parallel_sizes():
 
 def test_state_from_another_backend_is_refused(tmp_path):
     model = build_tiny_gpt_moe(seed=MODEL_SEED)
-    trainer = MegatronTrainer(model)
+    trainer = MegatronTrainer(model, TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=1.0))
     folder = trainer.save(tmp_path / "state")
     meta = (folder / "trainer_state.json").read_text().replace('"megatron"', '"embedded"')
     (folder / "trainer_state.json").write_text(meta)
@@ -88,12 +91,13 @@ def test_full_recompute_replays_the_same_experts_in_backward():
     reference = build_tiny_gpt_moe(seed=MODEL_SEED)
     batch = make_megatron_batch(reference)
     batch.routing = {layer: (idx + 1) % 8 for layer, idx in batch.routing.items()}
-    plain = MegatronTrainer(reference, temperature=0.8)
+    plain = MegatronTrainer(reference, TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8))
     with_old_logprobs(plain, batch)
     expected = plain.gradients(batch)
     recomputed = build_tiny_gpt_moe(seed=MODEL_SEED, recompute_granularity="full", recompute_method="uniform",
                                     recompute_num_layers=1)
-    trainer = MegatronTrainer(recomputed, temperature=0.8)
+    trainer = MegatronTrainer(recomputed,
+                              TrainerSettings(dtype="fp32", max_tokens_per_micro_batch=16384, temperature=0.8))
     calls = []
     hooks = [r.module.register_forward_hook(lambda *args: calls.append(1)) for r in trainer.routers.values()]
     got = trainer.gradients(batch)

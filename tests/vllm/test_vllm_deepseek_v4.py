@@ -121,8 +121,10 @@ def test_a_sync_of_the_release_folder_keeps_fp32_through_vllms_loader(release_di
     from repro.rollout.vllm_engine import VLLMRolloutError
     from repro.model.served import check_update
     from repro.train.embedded import EmbeddedTrainer
+    from repro.train.grpo_update import TrainerSettings
 
-    trainer = EmbeddedTrainer(release_dir, dtype="bf16")
+    trainer = EmbeddedTrainer(release_dir,
+                              TrainerSettings(dtype="bf16", max_tokens_per_micro_batch=16384, temperature=1.0))
     fn = trainer.model.model.layers[1].attn_hc.fn
     assert fn.dtype == torch.float32
     with torch.no_grad():

@@ -44,12 +44,12 @@ import torch
 
 from repro.devices import current_accelerator
 from repro.recipes.backends import TRAINERS
-from repro.recipes.schema import AlgorithmConfig, OptimConfig, Recipe, RolloutCorrectionConfig
+from repro.recipes.schema import Recipe
 from repro.train.base import LogprobResult, TrainerError
 from repro.train.batch import TrainBatch, micro_batches, padded_to_multiple
 from repro.train.batch_checks import check_batch
 from repro.train.grpo_trainer import GRPOTrainer
-from repro.train.grpo_update import GRPOUpdate, UpdateStats, check_settings, recipe_settings
+from repro.train.grpo_update import TrainerSettings, UpdateStats
 from repro.train.precision import COMPUTE_DTYPES, cast_for_training
 from repro.train.megatron.config import ddp_config, megatron_layout, optimizer_config
 from repro.train.megatron.optimizers import trainer_optimizer
@@ -71,12 +71,12 @@ class MegatronTrainer(GRPOTrainer):
         model: this rank's megatron-core ``GPTModel`` (its pipeline stage, TP/EP shard) with MoE layers built with
             ``moe_enable_routing_replay`` (``repro.train.megatron.tiny``; a DSV4 model through
             ``actor.model_provider`` on a cluster).
+        settings: what every trainer backend takes from the recipe (``repro.train.grpo_update.TrainerSettings``).
         parallel_state: ``megatron_layout(recipe)["parallel_state"]``; default all 1 (one CPU process).
         export_names: optional ``dict -> dict`` mapping full Megatron weights to the names the rollout serves, e.g.
             ``repro.train.megatron.dsv4_names.megatron_state_to_hf`` for a DSV4 model whose rollout wants HF names.
             Called once per export unit (``repro.train.megatron.stream_weights.export_unit``: one layer's experts
             of one projection, one layer's other tensors, a top-level tensor), never on a whole stage.
-        The other arguments are ``EmbeddedTrainer``'s (``repro.train.grpo_update.recipe_settings``).
     """
 
     capabilities = TRAINERS["megatron"]
@@ -84,16 +84,8 @@ class MegatronTrainer(GRPOTrainer):
     def __init__(
         self,
         model: torch.nn.Module,
+        settings: TrainerSettings,
         *,
-        optim: OptimConfig | None = None,
-        algorithm: AlgorithmConfig | None = None,
-        rollout_correction: RolloutCorrectionConfig | None = None,
-        dtype: str = "fp32",
-        max_tokens_per_micro_batch: int = 16384,
-        temperature: float = 1.0,
-        replay_routing: bool = True,
-        skip_zero_advantage_rows: bool = True,
-        seed: int = 0,
         parallel_state: dict[str, int] | None = None,
         export_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
         distributed_optimizer: bool = False,
@@ -110,15 +102,15 @@ class MegatronTrainer(GRPOTrainer):
         model.config.calculate_per_token_loss = True
         model.config.variable_seq_lengths = True
         self.export_names = export_names
-        self.optim = optim or OptimConfig()
-        self.grpo = GRPOUpdate(algorithm or AlgorithmConfig(), rollout_correction or RolloutCorrectionConfig(),
-                               skip_zero_advantage_rows)
-        check_settings(dtype, max_tokens_per_micro_batch, temperature, self.grpo.algorithm, "megatron")
+        self.settings = settings
+        self.optim = settings.optim
+        self.grpo = settings.update_rules("megatron")
+        dtype = settings.dtype
         self.dtype_name, self.dtype = dtype, COMPUTE_DTYPES[dtype]
-        self.max_tokens = max_tokens_per_micro_batch
-        self.temperature = temperature
-        self.replay_routing = replay_routing
-        torch.manual_seed(seed)
+        self.max_tokens = settings.max_tokens_per_micro_batch
+        self.temperature = settings.temperature
+        self.replay_routing = settings.replay_routing
+        torch.manual_seed(settings.seed)
         if torch.cuda.is_available():
             # a provider may build on the host (the tiny ones use megatron's use_cpu_initialization, deterministic
             # whatever the device); the rank computes, and megatron's optimizer steps, on its GPU
@@ -149,11 +141,12 @@ class MegatronTrainer(GRPOTrainer):
         provider = model_provider or resolve_model_provider(recipe)
         built = provider(recipe)  # a model, or (model, export_names) when the rollout speaks other names
         model, export_names = built if isinstance(built, tuple) else (built, None)
-        settings = dict(recipe_settings(recipe), parallel_state=layout["parallel_state"], export_names=export_names,
-                        distributed_optimizer=layout["optimizer"]["use_distributed_optimizer"],
-                        optimizer_offload=recipe.actor.optimizer_cpu_offload,
-                        megatron_optimizer=layout["optimizer"], megatron_ddp=layout["ddp"])
-        return cls(model, **{**settings, **overrides})
+        changes, own = TrainerSettings.split(overrides)
+        own = dict(parallel_state=layout["parallel_state"], export_names=export_names,
+                   distributed_optimizer=layout["optimizer"]["use_distributed_optimizer"],
+                   optimizer_offload=recipe.actor.optimizer_cpu_offload,
+                   megatron_optimizer=layout["optimizer"], megatron_ddp=layout["ddp"], **own)
+        return cls(model, TrainerSettings.from_recipe(recipe, **changes), **own)
 
     @property
     def device(self) -> torch.device:
