@@ -13,9 +13,27 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
+from repro.errors import ReproError
 from repro.recipes.backends import RolloutCapabilities
 from repro.rollout.types import RolloutResult, SamplingParams
 from repro.sync.apply import SyncTarget
+
+
+class RolloutError(ReproError):
+    """A request or weight update the engine cannot serve."""
+
+
+def check_prompts(prompts: list[list[int]], max_context: int, error: type[RolloutError] = RolloutError) -> None:
+    """What every engine refuses before it generates, the same way: no prompts, an empty prompt (it needs at least a
+    BOS token), a prompt that leaves no room for one new token in ``max_context`` (``lengths.max_context``)."""
+    if not prompts:
+        raise error("generate: no prompts")
+    for index, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise error(f"generate: prompt {index} is empty (it needs at least a BOS token)")
+        if len(prompt) >= max_context:
+            raise error(f"generate: prompt {index} has {len(prompt)} tokens, the context holds {max_context} "
+                        f"(lengths.max_context) with room for at least one new token")
 
 
 class RolloutEngine(SyncTarget, Protocol):

@@ -29,7 +29,6 @@ from typing import Callable, Iterable, Literal
 import torch
 from transformers import DynamicCache
 
-from repro.errors import ReproError
 from repro.model import layouts
 from repro.model.hf_folder import load_checkpoint
 from repro.model.hyper_connection import use_entrywise_hyper_connections
@@ -37,6 +36,7 @@ from repro.model.served import ServedWeights, check_update, served_weights, to_s
 from repro.model.routing import RoutingError, RoutingRecorder, recordable_routers
 from repro.recipes.backends import ROLLOUTS
 from repro.recipes.schema import Recipe
+from repro.rollout.base import RolloutError, check_prompts
 from repro.rollout.decode_cache import RoutingTable, branch, select_rows
 from repro.rollout.fp8_view import weight_view_for
 from repro.rollout.numerics import RolloutNumerics
@@ -51,10 +51,6 @@ LOGPROBS_MODES: tuple[str, ...] = LogprobsMode.__args__  # type: ignore[attr-def
 
 # named tensors as the trainer holds them -> named tensors as the engine computes with (e.g. FP8 round trip)
 WeightView = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
-
-
-class RolloutError(ReproError):
-    """A request or weight update the engine cannot serve."""
 
 
 class RolloutBucketError(RolloutError, BucketError):
@@ -185,7 +181,7 @@ class EmbeddedEngine:
         """``params.n`` responses per prompt, prompt-major. Deterministic for ``params.seed``. Refused while a
         weight sync is under way or after one failed, until a complete sync succeeds."""
         self.gate.check(RolloutError)
-        self._check_prompts(prompts, params)
+        check_prompts(prompts, self.max_context)
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(params.seed)
         by_length: dict[int, list[int]] = defaultdict(list)
@@ -203,18 +199,6 @@ class EmbeddedEngine:
         trajectories = [found[(i, s)] for i in range(len(prompts)) for s in range(params.n)]
         generated = sum(len(t.response_ids) for t in trajectories)
         return RolloutResult(trajectories, generated, time.perf_counter() - start)
-
-    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        if not prompts:
-            raise RolloutError("generate: no prompts")
-        for index, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise RolloutError(f"generate: prompt {index} is empty (it needs at least a BOS token)")
-            if len(prompt) >= self.max_context:
-                raise RolloutError(
-                    f"generate: prompt {index} has {len(prompt)} tokens, the context holds {self.max_context} "
-                    f"(lengths.max_context) with room for at least one new token"
-                )
 
     def _decode(self, prompt_ids: torch.Tensor, max_new: int, params: SamplingParams, generator) -> list[Trajectory]:
         """``params.n`` responses to each row of ``prompt_ids`` [P, L], prompt-major. Responses with the same

@@ -63,7 +63,7 @@ from repro.model.served import check_update, served_from_folder
 from repro.recipes.backends import ROLLOUTS
 from repro.recipes.schema import Recipe
 from repro.rollout import vllm_transfer as transfer
-from repro.rollout.embedded import RolloutError
+from repro.rollout.base import RolloutError, check_prompts
 from repro.rollout.types import FinishReason, RolloutResult, SamplingParams, Trajectory
 from repro.rollout.vllm_args import VLLMConfigError, check_servable, engine_args_from_recipe, vllm_sampling_kwargs
 from repro.rollout.vllm_transfer import TransferAddress
@@ -140,7 +140,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         self.gate.check(VLLMRolloutError)
-        self._check_prompts(prompts)
+        check_prompts(prompts, self.max_context, VLLMRolloutError)
         start = time.perf_counter()
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [
@@ -162,18 +162,6 @@ class VLLMEngine:
                                                      routing.get((output.request_id, sample_index), {})))
         generated = sum(len(t.response_ids) for t in trajectories)
         return RolloutResult(trajectories, generated, time.perf_counter() - start)
-
-    def _check_prompts(self, prompts: list[list[int]]) -> None:
-        if not prompts:
-            raise VLLMRolloutError("generate: no prompts")
-        for index, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise VLLMRolloutError(f"generate: prompt {index} is empty (it needs at least a BOS token)")
-            if len(prompt) >= self.max_context:
-                raise VLLMRolloutError(
-                    f"generate: prompt {index} has {len(prompt)} tokens, the context holds {self.max_context} "
-                    f"(lengths.max_context) with room for at least one new token"
-                )
 
     def _trajectory(self, prompt_index, sample_index, prompt, completion, routing) -> Trajectory:
         tokens = list(completion.token_ids)
