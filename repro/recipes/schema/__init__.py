@@ -8,8 +8,6 @@ that YAML reads as a string) or a layout that does not multiply out is an error 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, field_validator, model_validator
 
 from repro.owned import single_component
@@ -17,7 +15,7 @@ from repro.recipes.consistency import check_consistency
 from repro.recipes.schema.cluster import ClusterConfig, ClusterVersions, ModelConfig
 from repro.recipes.schema.run import (DSV4_ON_MEGATRON_BRIDGE, CheckpointConfig, LumenRLSettings, TrackingConfig,
                                       VerlSettings, WandbTracking, WeightSyncConfig)
-from repro.recipes.schema.section import Section
+from repro.recipes.schema.section import EngineName, Section
 from repro.recipes.schema.training import (ActorConfig, AlgorithmConfig, DataConfig, DatasetConfig, EvalConfig,
                                            LengthConfig, OptimConfig, RewardConfig, RolloutConfig,
                                            RolloutCorrectionConfig, RoutingReplayConfig)
@@ -31,7 +29,7 @@ __all__ = ["ActorConfig", "AlgorithmConfig", "CheckpointConfig", "ClusterConfig"
 class Recipe(Section):
     name: str = Field(description="Recipe name, also the default run directory name.")
     description: str = Field("", description="One line on what this recipe reproduces.")
-    engine: Literal["repro", "lumenrl", "verl"] = Field(
+    engine: EngineName = Field(
         "repro", description="Who runs the RL loop: repro's own loop (embedded on CPU; Megatron-core + vLLM on a "
         "cluster), AMD's LumenRL from the checkout at lumenrl.path, or verl 0.9.1 (verl:), with the config written "
         "from this recipe.")

@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from repro.recipes.schema.section import Section
+from repro.recipes.schema.section import RolloutName, Section, TrainerName
 
 
 class ActorConfig(Section):
-    backend: Literal["megatron", "embedded"] = Field(
+    backend: TrainerName = Field(
         "megatron", description="Trainer backend: Megatron-core on a cluster, the embedded torch trainer on CPU.")
     num_workers: int = Field(16, ge=1, description="Trainer processes (one per GPU on a cluster).")
     nodes: int = Field(2, ge=1, description="Nodes the trainer group is packed onto; they host no rollout.")
@@ -74,7 +74,7 @@ class OptimConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["vllm", "embedded"] = Field(
+    backend: RolloutName = Field(
         "vllm", description="Rollout engine: vLLM server on a cluster, the embedded CPU engine otherwise.")
     num_replicas: int = Field(1, ge=1, description="Independent rollout engines.")
     tensor_parallel: int = Field(8, ge=1, description="GPUs per rollout replica (AMD: TP8 on the third node).")
