@@ -17,6 +17,11 @@ class CheckpointError(ReproError, ValueError):
     """A checkpoint folder, file or tensor is missing, malformed, or fails FP8 verification."""
 
 
+class SettingRefused(ReproError):
+    """A saved state was made with another setting than this run's: the message names the setting that continues it.
+    Rerunning the same command would only repeat the refusal, so no "rerun with --resume" is added to it."""
+
+
 class TornLineWarning(UserWarning):
     """The last line of a log was cut off (a run killed mid-write): it is dropped, the rest is read."""
 
@@ -25,6 +30,7 @@ class WorkerError(ReproError):
     """A worker of a group failed a call: it raised (``died`` False), or its process died or stopped answering
     (``died`` True: what it held in memory is gone, so only new workers can go on)."""
 
-    def __init__(self, message: str, *, worker: str, call: str, cause: str, died: bool):
+    def __init__(self, message: str, *, worker: str, call: str, cause: str, died: bool, refused: bool = False):
         super().__init__(message)
         self.worker, self.call, self.cause, self.died = worker, call, cause, died
+        self.refused = refused  # the worker raised SettingRefused

@@ -91,6 +91,26 @@ def test_a_plain_resume_of_a_finished_run_changes_nothing(run, capsys):
     assert tree(run) == before  # recipe.yaml not rewritten
 
 
+def test_a_resume_continues_on_the_bf16_gemm_path_the_run_took(run, capsys):
+    """A run started with actor.bf16_gemm=auto took one path on this CPU; resumed where auto takes the other (forced
+    here by the recipe field, as REPRO_BF16_GEMM would), its trainer refuses, naming the setting that continues it;
+    following that advice passes the resume's recipe check (the field may change) and records the change."""
+    import json
+
+    saved = json.loads((run / "checkpoints" / "step_000002" / "trainer" / "trainer_state.json").read_text())["bf16_gemm"]
+    other = {"native": "fp32", "fp32": "native"}[saved]
+    before = tree(run)
+    said = refused(capsys, *resume("--run-dir", run, "--steps", "3", "--set", f"actor.bf16_gemm={other}"))
+    assert f"computed its BF16 GEMMs on the '{saved}' path; this one would take '{other}'" in said
+    assert said.endswith(f"Continue it as it started: set actor.bf16_gemm={saved} (or REPRO_BF16_GEMM={saved})")
+    assert {k: v for k, v in tree(run).items() if "run.lock" not in k} == {
+        k: v for k, v in before.items() if "run.lock" not in k}
+    ok(capsys, *resume("--run-dir", run, "--steps", "3", "--set", f"actor.bf16_gemm={saved}"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"kind": "resume", "step": 2, "changed": {"actor.bf16_gemm": ["auto", saved], "steps": [2, 3]}} in rows
+    assert [r["actor/bf16_gemm_fp32"] for r in rows if r["kind"] == "train"] == [float(saved == "fp32")] * 3
+
+
 def test_a_run_name_is_one_folder_name(capsys):
     said = refused(capsys, "run", "--in-process", "--set", "name=../../outside")
     assert said.splitlines()[1].startswith("  name: '../../outside': the run folder's default name (runs/<name>)")

@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.cluster import ClusterError
 from repro.cluster.placement import Placement
-from repro.errors import WorkerError
+from repro.errors import SettingRefused, WorkerError
 
 # After one worker fails a call, how long its peers in the same call get to show whether one of them died first:
 # a receiver whose sender was killed mid-sync raises at once, before Ray reports the sender's death.
@@ -31,8 +31,9 @@ class WorkerDiedError(ClusterError, WorkerError):
 def _worker_failure(name: str, call: str, err: Exception) -> WorkerDiedError:
     died = isinstance(err, (ActorDiedError, RayActorError, ActorUnavailableError))
     line = failure_line(err)
+    # Ray re-raises a task's exception as a subclass of its class, so a worker's SettingRefused is still one here
     return WorkerDiedError(f"{name} {'died' if died else 'failed'} during {call}: {line}", worker=name, call=call,
-                           cause=line, died=died)
+                           cause=line, died=died, refused=isinstance(err, SettingRefused))
 
 
 def start_actor(placement: Placement, group: str, index: int, cls: type, args: tuple = (), kwargs: dict | None = None,

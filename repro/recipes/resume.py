@@ -38,6 +38,8 @@ RESUMABLE: dict[str, str] = {
     "weight_sync.timeout_s": "how long a sync may take before it is called failed",
     "cluster.ray_address": "where the Ray head is found; the placement the recipe asks for is unchanged",
     "cluster.versions": "what `repro check` compares the cluster with",
+    "actor.bf16_gemm": "how a CPU computes the BF16 GEMMs; the trainer's checkpoint records the path it took and "
+                       "refuses the other, so a change here can only name the path the run already took",
 }
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from repro.errors import ReproError, WorkerError
+from repro.errors import ReproError, SettingRefused, WorkerError
 
 RESTART = "restart"  # the metrics row kind of a restart
 
@@ -32,6 +32,12 @@ class StepFailed(ReproError):
     @property
     def worker_died(self) -> bool:
         return isinstance(self.cause, WorkerError) and self.cause.died
+
+    @property
+    def refused(self) -> bool:
+        """A setting refused the saved state: the message says what to set, and a plain resume would repeat it."""
+        cause = self.cause
+        return isinstance(cause, SettingRefused) or (isinstance(cause, WorkerError) and cause.refused)
 
     @property
     def key(self) -> tuple:
@@ -89,6 +95,8 @@ class Restarts:
     def allow(self, failure: StepFailed, workers: dict[str, dict], resume_hint: str) -> str:
         """The line to show for a restart this failure gets; raises ``RunStopped`` when it gets none."""
         text = explain(failure, workers)
+        if failure.refused:
+            raise RunStopped(text, failure)
         if not failure.worker_died:
             raise RunStopped(f"{text}; {resume_hint}", failure)
         if self.last is not None and failure.key == self.last.key:

@@ -43,7 +43,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = F
     """Fail before step 1 if the run cannot finish or would change what is not its own: a link out of the folder,
     a new run in someone's folder, an unwritable folder, too little disk, a clash, or a resume under another
     recipe (repro.recipes.resume). Returns the fields a resume changed ({field: [old, new]}; recorded in
-    recipe.yaml and as a ``resume`` row of the log), else {}. ``fresh``: the folder was a run's, just emptied
+    recipe.yaml and as a ``resume`` row of the log once the run has resumed, by record_resume_changes), else
+    {}. ``fresh``: the folder was a run's, just emptied
     of the run's files (others' are kept beside the new run)."""
     check_run_folder(run_dir, resume or fresh)
     try:
@@ -76,15 +77,21 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = F
     for sub in ("logs", "eval", "checkpoints"):
         (run_dir / sub).mkdir(exist_ok=True)
     check_sinks(recipe, run_dir)
-    if not resume or changes or not stored.is_file():  # the record is written once, and again only as said here
+    if not resume or not stored.is_file():  # written once; a resume's changes once it has resumed (open_run)
         dump_recipe(recipe, stored)
-    if changes:
-        newest = latest_checkpoint(run_dir / "checkpoints")
-        MetricsLog(run_dir / "metrics.jsonl").append(
-            {"kind": RESUME, "step": newest.step if newest else 0, "changed": changes})
-        print(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
-              f"recorded as a resume row in {run_dir / 'metrics.jsonl'}")
     return changes
+
+
+def record_resume_changes(recipe: Recipe, run_dir: Path, metrics: MetricsLog, step: int) -> None:
+    """After a resume has restored the run (so a resume its trainer refuses leaves the record as it was): the
+    fields it changed go into recipe.yaml and a ``resume`` row of the log."""
+    changes = resume_recipe_changes(recipe, run_dir)
+    if not changes:
+        return
+    dump_recipe(recipe, run_dir / RECIPE_FILE)
+    metrics.append({"kind": RESUME, "step": step, "changed": changes})
+    print(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
+          f"recorded as a resume row in {metrics.path}")
 
 
 def resume_recipe_changes(recipe: Recipe, run_dir: Path) -> dict[str, list]:
@@ -142,6 +149,7 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
         checkpoint = latest_checkpoint(run.checkpoint_dir)
         if checkpoint is None:  # stopped before the first checkpoint: start over cleanly
             restore_log(run.metrics, None)
+            record_resume_changes(recipe, run_dir, run.metrics, 0)
             run.metrics.sinks = open_sinks(recipe, run_dir, run.metrics.rows())
             return run
         state = checkpoint.loop_state()
@@ -151,6 +159,7 @@ def open_run(recipe: Recipe, run_dir: str | Path, trainer: TrainerGroup, rollout
         restore_log(run.metrics, checkpoint.path / "metrics.jsonl")
         sync_weights(trainer, rollout, state["weight_version"])
         run.start_step = checkpoint.step
+        record_resume_changes(recipe, run_dir, run.metrics, checkpoint.step)
     run.metrics.sinks = open_sinks(recipe, run_dir, run.metrics.rows())
     return run
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from repro.errors import SettingRefused
 from repro.train.base import TrainerError
 
 NATIVE, FP32 = "native", "fp32"
@@ -64,6 +65,10 @@ GEMM_FUNCTIONS: frozenset[Callable] = frozenset(f for f in (
 
 class BF16GemmError(TrainerError, ValueError):
     """A BF16 GEMM path asked for by name that is not one, or two sources asking for different paths."""
+
+
+class BF16GemmResumeError(BF16GemmError, SettingRefused):
+    """A saved trainer state took the other BF16 GEMM path than this trainer would."""
 
 
 def native_bf16_matmul() -> bool:
@@ -191,6 +196,6 @@ def gemm_context(path: str) -> Callable[[], ContextManager]:
 def check_resumed_path(saved: str | None, current: str, where: str) -> None:
     """Refuse to continue a state saved by a trainer on the other path (None: saved before paths were recorded)."""
     if saved is not None and saved != current:
-        raise BF16GemmError(
+        raise BF16GemmResumeError(
             f"{where}: this run's trainer computed its BF16 GEMMs on the {saved!r} path; this one would take "
             f"{current!r}. Continue it as it started: set actor.bf16_gemm={saved} (or {ENV_VAR}={saved})")
