@@ -67,7 +67,7 @@ def test_notebook_15_declares_its_parameters_and_stays_out_of_the_chain():
     assert "\nmismatch-sources:" in makefile and NAME in makefile
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_notebook_records_what_the_library_measures(tmp_path):
     params = {"out_dir": str(tmp_path), "recipe": "tiny-cpu", "prompts": 2, "n": 2, "seeds": [0], "bucket_width": 4,
               "study_prompts": 1, "study_seeds": [0]}

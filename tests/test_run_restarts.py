@@ -89,7 +89,7 @@ class Killer:
         self.thread.join(10)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_that_loses_its_rollout_twice_and_its_trainer_twice_restarts_and_ends_as_the_uninterrupted_run(
         tmp_path, fault_baseline, local_ray, monkeypatch, one_thread):
     import repro.run.loop as loop

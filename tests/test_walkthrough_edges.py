@@ -148,7 +148,7 @@ def test_sigterm_tears_down_the_local_ray_instance_the_run_started(tmp_path):
     assert _wait_gone(processes) == [] and not record.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_after_a_sigkill_ends_what_the_killed_run_left_and_nothing_else(tmp_path):
     from repro.cluster.runtime import end_recorded_processes
 

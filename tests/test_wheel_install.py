@@ -84,7 +84,7 @@ def _installed_files(site: Path) -> set[str]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_installed_wheel_runs_the_chain_from_a_temporary_folder(installed, tmp_path):
     python, site, env = installed
     record = next(site.glob("repro-*.dist-info")) / "RECORD"
@@ -114,7 +114,7 @@ def test_the_installed_wheel_runs_the_chain_from_a_temporary_folder(installed, t
     assert _installed_files(site) <= listed  # nothing written into the installed package
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_an_install_without_its_notebooks_fails_naming_where_it_looked(installed, tmp_path):
     python, site, env = installed
     packaged = site / "repro" / "notebook_files"

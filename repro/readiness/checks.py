@@ -284,7 +284,7 @@ def check_shm(recipe: "Recipe", facts: Facts) -> CheckResult:
 
 # `make repro` on a 2-core machine with the venv present, by the path the BF16 trainer takes: measured figures
 # (command and date in docs/performance.md). "native" without oneDNN BF16 is the slow native path of an AVX2 CPU.
-EXPECTED_MAKE_REPRO_S = {"native": 145, "fp32": 150, "native without oneDNN BF16": 477}
+EXPECTED_MAKE_REPRO_S = {"native": 145, "fp32": 155, "native without oneDNN BF16": 477}
 
 
 def check_cpu_bf16(recipe: "Recipe", facts: Facts) -> CheckResult:
