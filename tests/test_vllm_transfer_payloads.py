@@ -132,3 +132,38 @@ def test_each_rollout_engine_brings_its_wire_and_the_trainer_makes_the_same_one(
     embedded = wire_of(load_recipe("amd-dsv4-flash-mi308x", PP1 + ["rollout.backend=embedded"]), "/m")
     assert isinstance(embedded, BucketWire) and embedded.receivers == 1
     assert isinstance(wire_of(load_recipe("tiny-cpu", ["rollout.backend=vllm"]), "/m"), BucketWire)
+
+
+def test_vllms_wire_settles_the_device_before_sending_and_drops_its_group_when_a_send_fails(monkeypatch):
+    """TransferWire.send (defect 7 and 10 of the GPU read-through): the device is settled before vLLM's packer reads
+    the first weight, and a send that fails forgets its group so the next sync forms a new one. STAND-IN: the NCCL
+    sender (TransferSender: vLLM's packed broadcast) is replaced by a recorder, so no group forms and no stream race
+    is shown; what runs is the wire's own order and its recovery."""
+    import repro.rollout.vllm_transfer as vllm_transfer
+    from repro.rollout.vllm_transfer import TransferWire
+
+    events, made = [], []
+
+    class Recorder:
+        def __init__(self, address):
+            self.address = address
+            made.append(self)
+
+        def send(self, named, version):
+            events.append(f"send v{version}")
+            if version == 2:
+                raise RuntimeError("the broadcast failed half-way")
+            return 28
+
+    monkeypatch.setattr(vllm_transfer, "settle", lambda: events.append("settle"))
+    monkeypatch.setattr(vllm_transfer, "TransferSender", Recorder)
+    wire = TransferWire(receivers=8, bucket_bytes=1000, model_dir="/unused")
+    address = transfer_address("10.0.0.1", 29600, 8, 1000, SERVED)
+    assert wire.send([], address, version=1, sender=0) == 28
+    first = wire.sender
+    with pytest.raises(RuntimeError, match="half-way"):
+        wire.send([], address, version=2, sender=0)
+    assert wire.sender is None
+    assert wire.send([], address, version=3, sender=0) == 28
+    assert events == ["settle", "send v1", "settle", "send v2", "settle", "send v3"]
+    assert len(made) == 2 and wire.sender is made[1] and made[0] is first  # v2 reused v1's group; v3 made its own

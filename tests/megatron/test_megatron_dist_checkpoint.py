@@ -175,3 +175,22 @@ def test_a_metadata_file_that_would_run_code_is_refused_before_dcp_reads_it(tmp_
     with pytest.raises(TrainerError, match=r"dist/\.metadata: refused"):
         trainer.load(folder)
     assert not marker.exists()
+
+
+def test_a_state_saved_in_another_optimizer_format_is_refused_naming_both(tmp_path):
+    """The optimizer's checkpoint format is recorded (on a GPU megatron's fully_reshardable; here the project's
+    AdamW's): a state whose record names another format, e.g. an older dp_reshardable one that reshards only in
+    DP, is refused before DCP reads anything, naming the file and both formats."""
+    import json
+
+    sets = BASE + ["actor.num_workers=1"]
+    trainer, _ = _trained(sets)
+    folder = trainer.save(tmp_path / "state")
+    meta = json.loads((folder / "trainer_state.json").read_text())
+    assert meta["optimizer_format"] == trainer.opt.checkpoint_format
+    meta["optimizer_format"] = "dp_reshardable"
+    (folder / "trainer_state.json").write_text(json.dumps(meta))
+    with pytest.raises(TrainerError, match=(
+            rf"{folder / 'trainer_state.json'}: optimizer state saved as 'dp_reshardable', this trainer reads "
+            rf"'{trainer.opt.checkpoint_format}'")):
+        trainer.load(folder)
