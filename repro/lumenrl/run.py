@@ -28,8 +28,9 @@ from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
 from repro.run.metrics_log import MetricsLog
-from repro.run.folder import check_run_folder, clear_for_fresh, plan_fresh
+from repro.run.folder import check_run_folder, clear_for_fresh
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.planning import plan_run
 from repro.run.sinks import check_sinks, open_sinks
 from repro.run.state import Progress, no_progress
 
@@ -40,7 +41,8 @@ ABSENT = object()
 
 
 def checkpoint_root(recipe: Recipe, run_dir: Path) -> Path:
-    return Path(recipe.lumenrl.checkpoint_dir).expanduser() if recipe.lumenrl.checkpoint_dir else run_dir / "checkpoints"
+    configured = recipe.lumenrl.checkpoint_dir
+    return Path(configured).expanduser() if configured else run_dir / "checkpoints"
 
 
 def finished_step(run_dir: Path) -> int | None:
@@ -48,27 +50,18 @@ def finished_step(run_dir: Path) -> int | None:
     return json.loads(path.read_text())["step"] if path.is_file() else None
 
 
+def finished_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """LumenRL's run ended (finished.json, written once it exited at the last step), as the plan's checkpoint."""
+    done = finished_step(run_dir)
+    return None if done is None else Checkpoint(done, run_dir / WORK / "finished.json")
+
+
 def plan_lumenrl_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
                      fresh: bool | str = False) -> RunPlan:
-    """``repro.run.start.plan_repro_run`` for LumenRL: the same decisions, on LumenRL's checkpoints. Reads only."""
-    run_dir = Path(run_dir)
-    log = run_dir / "metrics.jsonl"
-    if fresh:
-        plan_fresh(run_dir, fresh)  # refused now, before anything starts, when fresh may not remove the folder
-        return RunPlan(run_dir, False, fresh, None, False, [], [])
-    resume = log.exists() if resume == "auto" else bool(resume)
-    if not resume:
-        return RunPlan(run_dir, False, False, None, False, [], [])
-    rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
-    done = finished_step(run_dir)
-    if done is not None and done >= recipe.steps:
-        return RunPlan(run_dir, True, False, Checkpoint(done, run_dir / WORK / "finished.json"), True, rows, [])
-    checkpoint = latest_lumenrl_checkpoint(checkpoint_root(recipe, run_dir))
-    if checkpoint is None:
-        return RunPlan(run_dir, True, False, None, False, [], [])
-    return RunPlan(run_dir, True, False, checkpoint, checkpoint.step >= recipe.steps,
-                   [r for r in rows if r["step"] <= checkpoint.step],
-                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}))
+    """``repro.run.planning.plan_run`` on LumenRL's checkpoints and its record of a finished run. Reads only."""
+    root = checkpoint_root(recipe, Path(run_dir))
+    return plan_run(run_dir, recipe.steps, lambda: (latest_lumenrl_checkpoint(root), []), resume, fresh,
+                    finished=lambda: finished_checkpoint(Path(run_dir)))
 
 
 def prepare_config(recipe: Recipe, run_dir: Path, resume: bool) -> tuple[Path, list[str], dict[str, str]]:
@@ -108,10 +101,12 @@ def resume_hint(recipe: Recipe, run_dir: Path) -> str:
     newest = latest_lumenrl_checkpoint(checkpoint_root(recipe, run_dir))
     if newest is None:
         return "no LumenRL checkpoint was written yet: rerun from the start"
-    return f"the last LumenRL checkpoint is step {newest.step} ({newest.path}): rerun with --resume (notebook 03 resumes)"
+    return (f"the last LumenRL checkpoint is step {newest.step} ({newest.path}): rerun with --resume "
+            "(notebook 03 resumes)")
 
 
-def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None], grace_s: float) -> tuple[MetricsLog, int]:
+def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
+                    grace_s: float) -> tuple[MetricsLog, int]:
     """Everything that can fail before LumenRL starts, then the run directory made ready: the checkout, the run
     directory (writable; a new run does not overwrite one), the model and data on this node, a LumenRL an earlier
     launch left running, the log cut back to the resume step. Returns the log and that step.

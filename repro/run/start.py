@@ -24,10 +24,10 @@ from repro.groups.protocol import RolloutGroup, TrainerGroup
 from repro.groups.workers import RolloutWorker, TrainerWorker
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import latest_checkpoint, usable_checkpoint
-from repro.run.folder import check_run_folder, clear_for_fresh, plan_fresh
+from repro.run.folder import check_run_folder, clear_for_fresh
 from repro.run.loop import train
-from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.planning import plan_run
 from repro.run.restarts import Restarts, StepFailed, at_step
 from repro.run.run_dir import check_inputs, open_run, resume_recipe_changes, run_dir_lock
 from repro.run.state import Progress, no_progress
@@ -36,22 +36,8 @@ from repro.train.threads import use_worker_threads
 
 def plan_repro_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
                    fresh: bool | str = False) -> RunPlan:
-    """Resume or not (``"auto"``: resume when ``run_dir`` already holds a log, as a re-run of ``make repro``
-    does), from which checkpoint (the newest that verifies), and what that keeps and drops of the log; ``fresh``
-    (repro.run.folder): start over, refused now if the folder is not one it may empty. Reads, changes nothing."""
-    run_dir = Path(run_dir)
-    log = run_dir / "metrics.jsonl"
-    if fresh:
-        plan_fresh(run_dir, fresh)  # refused now, before anything starts, when fresh may not remove the folder
-        return RunPlan(run_dir, False, fresh, None, False, [], [])
-    resume = log.exists() if resume == "auto" else bool(resume)
-    checkpoint, ignored = usable_checkpoint(run_dir / "checkpoints") if resume else (None, [])
-    if checkpoint is None:
-        return RunPlan(run_dir, resume, False, None, False, [], [], ignored)
-    rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
-    return RunPlan(run_dir, True, False, checkpoint, checkpoint.step >= recipe.steps,
-                   [r for r in rows if r["step"] <= checkpoint.step],
-                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}), ignored)
+    """``repro.run.planning.plan_run`` on repro's own checkpoints: the newest that verifies by content."""
+    return plan_run(run_dir, recipe.steps, lambda: usable_checkpoint(Path(run_dir) / "checkpoints"), resume, fresh)
 
 
 def run_repro(recipe: Recipe, plan: RunPlan, *, in_process: bool = False, progress: Progress = no_progress,

@@ -22,9 +22,10 @@ from repro.recipes import dump_recipe, require_paths
 from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
-from repro.run.folder import check_run_folder, clear_for_fresh, plan_fresh
+from repro.run.folder import check_run_folder, clear_for_fresh
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
+from repro.run.planning import plan_run
 from repro.run.sinks import wandb_run_id
 from repro.run.state import Progress, no_progress
 from repro.verl import compose, data, launch, overrides as ov
@@ -49,28 +50,19 @@ def finished_step(run_dir: Path) -> int | None:
     return json.loads(path.read_text())["step"] if path.is_file() else None
 
 
+def finished_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """verl's run ended (finished.json, written once it exited at the last step), as the plan's checkpoint."""
+    done = finished_step(run_dir)
+    return None if done is None else Checkpoint(done, Path(run_dir) / WORK / "finished.json")
+
+
 def plan_verl_run(recipe: Recipe, run_dir: str | Path, resume: bool | Literal["auto"] = False,
                   fresh: bool | str = False) -> RunPlan:
-    """``plan_repro_run``'s decisions on verl's checkpoints. Reads only."""
-    run_dir = Path(run_dir)
-    log = run_dir / "metrics.jsonl"
-    if fresh:
-        plan_fresh(run_dir, fresh)  # refused now, before anything starts, when fresh may not remove the folder
-        return RunPlan(run_dir, False, fresh, None, False, [], [])
-    resume = log.exists() if resume == "auto" else bool(resume)
-    if not resume:
-        return RunPlan(run_dir, False, False, None, False, [], [])
-    rows = [r for r in MetricsLog(log).rows() if r.get("kind") == "train"]
-    done = finished_step(run_dir)
-    if done is not None and done >= recipe.steps:
-        return RunPlan(run_dir, True, False, Checkpoint(done, run_dir / WORK / "finished.json"), True, rows, [])
-    root = checkpoint_root(recipe, run_dir)
-    checkpoint, ignored = latest_verl_checkpoint(root), incomplete(root)
-    if checkpoint is None:
-        return RunPlan(run_dir, True, False, None, False, [], [], ignored)
-    return RunPlan(run_dir, True, False, checkpoint, checkpoint.step >= recipe.steps,
-                   [r for r in rows if r["step"] <= checkpoint.step],
-                   sorted({r["step"] for r in rows if r["step"] > checkpoint.step}), ignored)
+    """``repro.run.planning.plan_run`` on verl's checkpoints (the half-written ones named as passed over) and its
+    record of a finished run. Reads only."""
+    root = checkpoint_root(recipe, Path(run_dir))
+    return plan_run(run_dir, recipe.steps, lambda: (latest_verl_checkpoint(root), incomplete(root)), resume, fresh,
+                    finished=lambda: finished_checkpoint(Path(run_dir)))
 
 
 def run_files(recipe: Recipe, run_dir: Path, resume_from: Path | None, attempt: int) -> ov.RunFiles:
