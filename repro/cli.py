@@ -12,19 +12,26 @@ import sys
 
 # name -> (module, one-line help). Modules are imported lazily so `repro --help` stays fast.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "notebooks": ("repro.commands.notebooks", "the main job (make repro): notebooks 00 -> 20 with papermill: run, figures, comparison"),
+    "notebooks": ("repro.commands.notebooks",
+                  "the main job (make repro): notebooks 00 -> 20 with papermill: run, figures, comparison"),
     "recipe": ("repro.commands.recipe", "validate a recipe and print it resolved"),
     "data": ("repro.commands.data", "write the tiny-math train/held-out sets in the DAPO parquet layout"),
-    "build-tiny": ("repro.commands.build_tiny", "build the tiny DeepSeek-V4 checkpoint + tokenizer (random init, seeded)"),
+    "build-tiny": ("repro.commands.build_tiny",
+                   "build the tiny DeepSeek-V4 checkpoint + tokenizer (random init, seeded)"),
     "warmstart": ("repro.commands.warmstart", "SFT warm start of the tiny DeepSeek-V4 on tiny-math"),
     "convert": ("repro.commands.convert", "convert a BF16 HF checkpoint to block-wise FP8 (e4m3fn / e4m3fnuz)"),
-    "export": ("repro.commands.export", "a run's checkpoint as a release-layout (or --layout hf) safetensors folder with config, tokenizer and model card"),
+    "export": ("repro.commands.export", "a run's checkpoint as a release-layout (or --layout hf) safetensors folder "
+                                        "with config, tokenizer and model card"),
     "run": ("repro.commands.run", "the RL run of a recipe on Ray (--resume continues from the newest checkpoint)"),
     "check": ("repro.commands.check", "is this machine / Ray cluster ready for a recipe (PASS/WARN/FAIL/SKIP, --json)"),
-    "launch": ("repro.commands.launch", "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),
-    "compare": ("repro.commands.compare", "runs (repro run dir, W&B CSV, LumenRL log, verl JSONL) beside AMD's published numbers, as a Markdown report"),
-    "report": ("repro.commands.report", "one HTML page for a run (or several sources): comparison with AMD, figures, caveats, notebooks, raw records"),
-    "rollouts": ("repro.commands.rollouts", "a step's trajectories from a run's rollouts/ (--worst-kl K: the K with the largest rollout/trainer KL)"),
+    "launch": ("repro.commands.launch",
+               "place the recipe's groups on Ray and start the run (--dry-run: placement and worker arguments)"),
+    "compare": ("repro.commands.compare", "runs (repro run dir, W&B CSV, LumenRL log, verl JSONL) beside AMD's "
+                                          "published numbers, as a Markdown report"),
+    "report": ("repro.commands.report", "one HTML page for a run (or several sources): comparison with AMD, figures, "
+                                        "caveats, notebooks, raw records"),
+    "rollouts": ("repro.commands.rollouts", "a step's trajectories from a run's rollouts/ (--worst-kl K: the K with "
+                                            "the largest rollout/trainer KL)"),
     "figures": ("repro.commands.figures", "AMD's four charts from one or more runs' logs, overlaid (PNG + SVG)"),
     "smoke": ("repro.commands.smoke", "3 optimizer steps of a recipe: the setup check before a long run"),
 }

@@ -93,4 +93,5 @@ def position_key(start: int, end: int, stat: str) -> str:
     return f"rollout_corr/pos_{start}_{end - 1}/{stat}"
 
 
-POSITION_KEYS: tuple[str, ...] = tuple(position_key(s, e, stat) for s, e in position_buckets() for stat in POSITION_STATS)
+POSITION_KEYS: tuple[str, ...] = tuple(position_key(s, e, stat)
+                                       for s, e in position_buckets() for stat in POSITION_STATS)

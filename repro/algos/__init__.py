@@ -11,8 +11,8 @@ logits              log-probs and entropy under the sampling temperature; their 
 from repro.algos.shapes import AlgoShapeError
 from repro.algos.advantages import GroupAdvantages, broadcast_to_tokens, grpo_advantages
 from repro.algos.logits import entropy_from_logits, logprobs_from_logits, response_token_mean
-from repro.algos.metrics import (SequenceMismatch, is_metrics, offpolicy_metrics, position_metrics, rollout_corr_metrics,
-                                sequence_mismatch, verl_is_metrics)
+from repro.algos.metrics import (SequenceMismatch, is_metrics, offpolicy_metrics, position_metrics,
+                                 rollout_corr_metrics, sequence_mismatch, verl_is_metrics)
 from repro.algos.policy_loss import LOSS_AGG_MODES, LossAggMode, PolicyLoss, agg_loss, ppo_clip_loss
 from repro.algos.rollout_correction import (
     ROLLOUT_IS_MODES,

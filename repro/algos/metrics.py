@@ -94,7 +94,8 @@ def _checked(logp_old, logp_rollout, response_mask) -> tuple[torch.Tensor, torch
     return old, roll, mask
 
 
-def offpolicy_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+def offpolicy_metrics(logp_old: torch.Tensor, logp_rollout: torch.Tensor,
+                      response_mask: torch.Tensor) -> dict[str, float]:
     """k1/k3 KL, chi², perplexities of the batch, unprefixed keys (module docstring). Inputs [B, T]."""
     old, roll, mask = _checked(logp_old, logp_rollout, response_mask)
     lr = (old - roll) * mask

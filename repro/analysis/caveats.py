@@ -3,7 +3,8 @@
 AMD's published numbers: reward accuracy per 25-step phase of a 75-step run; AIME-2024 avg@8 (30 problems) at the
 start and at step 75 (the start is the evaluation after step 1: LumenRL never evaluates before the first update, see
 repro/reference); rollout throughput as generated tokens/s of the whole 8-GPU rollout node; KL and ESS at step 75
-(k1, the estimator LumenRL logs as ``rollout_corr/kl``). Each function returns the sentences for one source; ``source_notes`` all.
+(k1, the estimator LumenRL logs as ``rollout_corr/kl``). Each function returns the sentences for one source;
+``source_notes`` all.
 """
 
 from __future__ import annotations

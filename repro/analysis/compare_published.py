@@ -8,8 +8,8 @@ What each ``measures`` takes from a run's logs:
   eval_pass_at_k         pass@k over problems, 1 - C(n - c, k) / C(n, k) per problem with c of n samples correct (the
                          unbiased estimator; n = k: the share of problems with a correct sample); needs per-problem
                          counts, which only repro runs log
-  mean_abs_logprob_diff  per step, mean |log π_rollout - log π_trainer| over response tokens (LumenRL's position buckets'
-                         abs_diff weighted by their tokens), then the mean over the logged steps
+  mean_abs_logprob_diff  per step, mean |log π_rollout - log π_trainer| over response tokens (LumenRL's position
+                         buckets' abs_diff weighted by their tokens), then the mean over the logged steps
   reward_step_min|max    the lowest / highest single step's reward accuracy
   kl, k3_kl              rollout_corr/kl, rollout_corr/k3_kl at the first logged step, or at step ``at``
 """

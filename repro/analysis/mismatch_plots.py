@@ -63,7 +63,8 @@ def plot_attribution(position_rows: list[dict]) -> Figure:
         ax_k3.set_yscale("log")
         ax_k3.legend(fontsize="x-small", ncol=2)
         first = next(iter(k3.columns))
-        for stat, label in (("indexer_disagree", "indexer keeps other entries"), ("routing_flip", "router picks other experts")):
+        for stat, label in (("indexer_disagree", "indexer keeps other entries"),
+                            ("routing_flip", "router picks other experts")):
             share = _weighted(position_rows, stat)[first]
             ax_share.plot(share.index, share.to_numpy(), marker="o", label=f"{label} ({first})")
         ax_share.set_ylabel("share of (token, layer)")

@@ -263,13 +263,15 @@ def plot_mismatch_by_position(sources: Sources) -> Figure:
             ax_kl.plot(x, table["kl"].to_numpy(), "o-", color=colour, label=f"{frames.label}: k1 (can be < 0)")
             ax_kl.plot(x, table["k3_kl"].to_numpy(), "s--", color=colour, label=f"{frames.label}: k3 (≥ 0)")
             if "abs_diff" in table.columns and table["abs_diff"].notna().any():
-                ax_abs.plot(x, table["abs_diff"].to_numpy(), "o-", color=colour, label=f"{frames.label}: mean |Δ log p|")
+                ax_abs.plot(x, table["abs_diff"].to_numpy(), "o-", color=colour,
+                            label=f"{frames.label}: mean |Δ log p|")
             else:
                 without_abs.append(frames.label)
         ax_kl.axhline(0.0, color="#888888", lw=0.8)
         ax_kl.set(ylabel="KL(rollout ‖ trainer)", title="Training–rollout mismatch by response position")
         ax_abs.set_xticks(range(widest), buckets[:widest])
-        ax_abs.set(xlabel="token position in the response (LumenRL's buckets)", ylabel="|log π_rollout − log π_trainer|")
+        ax_abs.set(xlabel="token position in the response (LumenRL's buckets)",
+                   ylabel="|log π_rollout − log π_trainer|")
         if without_abs:  # say so where a log has no |Δ log p| by position, rather than an empty panel
             ax_abs.text(0.5, 0.5, f"mean |Δ log p| by position not logged: {', '.join(without_abs)}",
                         transform=ax_abs.transAxes, ha="center", va="center", fontsize="small", color="#666666")

@@ -107,7 +107,8 @@ def plan_placement(recipe: "Recipe") -> PlacementPlan:
     else:
         if per_node > cluster.gpus_per_node:
             raise PlacementError(
-                f"actor.num_workers: {per_node} one-GPU workers per node exceed cluster.gpus_per_node={cluster.gpus_per_node}"
+                f"actor.num_workers: {per_node} one-GPU workers per node exceed "
+                f"cluster.gpus_per_node={cluster.gpus_per_node}"
             )
         # cluster.colocate 'gpu': half a GPU each, so Ray puts both on the one GPU (a one-GPU smoke test)
         share = 0.5 if cluster.colocate == "gpu" else 1
@@ -148,7 +149,8 @@ class Placement:
     def nodes_of(self, group: str) -> set[str]:
         from ray.util.placement_group import placement_group_table
 
-        return {n for pg in self.slices.get(group, []) for n in placement_group_table(pg)["bundles_to_node_id"].values()}
+        return {n for pg in self.slices.get(group, [])
+                for n in placement_group_table(pg)["bundles_to_node_id"].values()}
 
     def remove(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -173,7 +175,8 @@ def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> Pl
             if taken:
                 selector = [{NODE_ID_LABEL: f"!in({', '.join(sorted(taken))})"} for _ in bundles]
             pg = placement_group(
-                list(bundles), strategy=group.strategy, name=f"repro-{group.name}-{index}", bundle_label_selector=selector
+                list(bundles), strategy=group.strategy, name=f"repro-{group.name}-{index}",
+                bundle_label_selector=selector
             )
             placed.slices[group.name].append(pg)
             try:
@@ -198,7 +201,8 @@ def _unplaceable(group: BundlePlan, index: int, excluded: set[str], timeout_s: f
         f"node {n['NodeID'][:8]} GPU {n['Resources'].get('GPU', 0):g} CPU {n['Resources'].get('CPU', 0):g}"
         for n in ray.nodes() if n["Alive"]
     )
-    avoided = f", avoiding {len(excluded)} node(s) already holding {'/'.join(group.avoid_groups) or group.name}" if excluded else ""
+    avoided = (f", avoiding {len(excluded)} node(s) already holding {'/'.join(group.avoid_groups) or group.name}"
+               if excluded else "")
     return (
         f"{group.name} group could not be placed within {timeout_s:g} s: slice {index + 1} of {len(group.slices)} "
         f"({group.bundles_per_slice} bundle(s) of {group.bundles[0]} {group.strategy}, all on one node{avoided}); "

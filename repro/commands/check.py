@@ -11,7 +11,8 @@ from repro.recipes import list_recipes, load_recipe
 
 
 def add_arguments(parser):
-    parser.add_argument("--recipe", default="tiny-cpu", help=f"committed recipe ({', '.join(list_recipes())}) or YAML path")
+    parser.add_argument("--recipe", default="tiny-cpu",
+                        help=f"committed recipe ({', '.join(list_recipes())}) or YAML path")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a recipe field (repeatable), e.g. cluster.ray_address=10.0.0.1:6379")
     parser.add_argument("--run-dir", help="where checkpoints will go, for the disk check (default: runs/<recipe name>)")

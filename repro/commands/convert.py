@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fail if a tensor's ||deq-w||/||w|| exceeds this (default: the e4m3 bound, ~0.0628)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync of each finished shard")
-    parser.add_argument("--list", action="store_true", help="print the per-tensor plan (fp8 or keep, and why); convert nothing")
+    parser.add_argument("--list", action="store_true",
+                        help="print the per-tensor plan (fp8 or keep, and why); convert nothing")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

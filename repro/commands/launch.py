@@ -26,7 +26,8 @@ DEFAULT_RECIPE = "amd-dsv4-flash-mi308x"
 
 
 def add_arguments(parser):
-    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"committed recipe ({', '.join(list_recipes())}) or YAML path")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE,
+                        help=f"committed recipe ({', '.join(list_recipes())}) or YAML path")
     parser.add_argument("--dry-run", action="store_true", help="place and describe every worker, start none")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a recipe field (repeatable), e.g. cluster.ray_address=10.0.0.1:6379")
@@ -39,7 +40,8 @@ def add_arguments(parser):
     parser.add_argument("--simulate", action="store_true",
                         help="dry run on a simulated cluster of the recipe's shape (logical GPUs on this machine); "
                              "also what --dry-run does when cluster.ray_address is 'auto' and no cluster is found")
-    parser.add_argument("--placement-timeout", type=float, default=120.0, help="seconds to wait for the placement (dry run)")
+    parser.add_argument("--placement-timeout", type=float, default=120.0,
+                        help="seconds to wait for the placement (dry run)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

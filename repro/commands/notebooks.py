@@ -17,7 +17,8 @@ from repro.run.folder import DELETE_RUN, clear_for_fresh, plan_fresh, run_dir_lo
 def add_arguments(parser):
     parser.add_argument("--recipe", default="tiny-cpu", help="recipe to run (default tiny-cpu)")
     parser.add_argument("--run-dir", default="runs/tiny-cpu", help="run directory (resumed if it holds a run)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the full run (default: the recipe's)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="optimizer steps of the full run (default: the recipe's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a recipe field for the smoke and full runs (repeatable)")
     parser.add_argument("--figures", type=Path, default=Path("figures"), help="figure folder (default: figures/)")

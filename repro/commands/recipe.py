@@ -20,5 +20,6 @@ def run(args) -> int:
         return 0
     recipe = load_recipe(args.recipe, args.overrides)
     yaml.safe_dump(recipe.model_dump(mode="json"), sys.stdout, sort_keys=False)
-    print(f"# valid: {recipe.trajectories_per_step} trajectories/step, actor DP={recipe.data_parallel}", file=sys.stderr)
+    print(f"# valid: {recipe.trajectories_per_step} trajectories/step, actor DP={recipe.data_parallel}",
+          file=sys.stderr)
     return 0

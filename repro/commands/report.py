@@ -1,7 +1,7 @@
 """`repro report SOURCE [SOURCE ...] [--out DIR] [--reference NAME]`: one page for a run, or several side by side:
-DIR/index.html with the comparison with AMD (or another published run, ``--reference``), the four figures and the caveats inside it, the executed notebooks as HTML beside it, and
-links to the raw records (sources as in `repro compare`). DIR defaults to RUN_DIR/report for a repro run first,
-else runs/compare/report."""
+DIR/index.html with the comparison with AMD (or another published run, ``--reference``), the four figures and the
+caveats inside it, the executed notebooks as HTML beside it, and links to the raw records (sources as in
+`repro compare`). DIR defaults to RUN_DIR/report for a repro run first, else runs/compare/report."""
 
 import time
 from pathlib import Path

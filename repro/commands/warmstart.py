@@ -22,9 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     parser.add_argument("--eval-every", type=int, default=DEFAULTS.eval_every)
     parser.add_argument("--terms", type=int, default=DEFAULTS.terms,
-                        help="0: tiny-math; N: tiny-math-long with N worked terms (repro/assets/tiny-dsv4-long-warm: 12)")
+                        help="0: tiny-math; N: tiny-math-long with N worked terms "
+                             "(repro/assets/tiny-dsv4-long-warm: 12)")
     parser.add_argument("--first-eval-step", type=int, default=DEFAULTS.first_eval_step,
-                        help="no evaluation before this step (an evaluation of a model that cannot yet answer costs time)")
+                        help="no evaluation before this step "
+                             "(an evaluation of a model that cannot yet answer costs time)")
     parser.add_argument("--eval-problems", type=int, default=DEFAULTS.eval_problems,
                         help="problems of each evaluation (x 8 samples)")
     parser.add_argument("--threads", type=int, default=DEFAULTS.threads,
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, eval_every=args.eval_every, threads=args.threads, terms=args.terms,
         first_eval_step=args.first_eval_step, eval_problems=args.eval_problems,
     )
-    command = "python -m repro warmstart " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["warmstart"] else sys.argv[1:])
+    command = "python -m repro warmstart " + shlex.join(
+        sys.argv[2:] if sys.argv[1:2] == ["warmstart"] else sys.argv[1:])
     run_and_save(config, args.out, command=command, record=not args.no_hashes)
     return 0

@@ -99,7 +99,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
                       sources=[src])
     tmp = dst.with_name(dst.name + ".partial")
     _prepare_partial(tmp, {"repro": repro.__version__, "mode": mode, "fmt": fmt.name, "pow2_scale": opts.pow2_scale,
-                           "block_size": opts.block_size, "max_rel_error": opts.max_rel_error, "src": str(src.resolve())})
+                           "block_size": opts.block_size, "max_rel_error": opts.max_rel_error,
+                           "src": str(src.resolve())})
     markers, todo = {}, []
     for sh in shards:
         marker = _valid_marker(tmp, sh)
@@ -163,7 +164,8 @@ def _init_worker(queue) -> None:
     torch.set_num_threads(1)  # see _run
 
 
-def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions, release: bool = False) -> dict:
+def _convert_shard(sh: ShardPlan, tmp: str, mode: str, fmt_name: str, opts: ConvertOptions,
+                   release: bool = False) -> dict:
     """Convert one shard into `tmp`, fsync it, write its done-marker; returns the marker. ``release``: name block
     scales as the DeepSeek-V4 release does (`.scale`)."""
     started = time.time()
@@ -364,10 +366,12 @@ def _finalize(src: Path, dst: Path, tmp: Path, config: dict, shards: list[ShardP
     total_size = sum(
         int(torch.Size(shape).numel()) * dtype.itemsize for sh in shards for _, dtype, shape in sh.outputs
     )
-    _write_json_atomic(tmp / INDEX, {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))})
+    _write_json_atomic(tmp / INDEX, {"metadata": {"total_size": total_size},
+                                     "weight_map": dict(sorted(weight_map.items()))})
     _write_json_atomic(tmp / CONFIG, output_config(config, fmt, mode, opts))
     for path in src.iterdir():  # tokenizer, generation config, chat template, licence...
-        if path.is_file() and path.name != CONFIG and not path.name.startswith(".") and not path.name.endswith(_WEIGHT_FILES):
+        if (path.is_file() and path.name != CONFIG and not path.name.startswith(".")
+                and not path.name.endswith(_WEIGHT_FILES)):
             shutil.copy2(path, tmp / path.name)
     report = {"source": str(src.resolve()), "mode": mode, "options": asdict(opts), "format": fmt.name,
               "summary": summarise(stats), "tensors": [s.to_dict() for s in stats]}

@@ -22,7 +22,9 @@ from repro.fp8 import fused
 
 SOURCE = fused.SOURCE.with_name("forward_ops.c")
 DISABLE_ENV = "REPRO_TORCH_FORWARD_OPS"
-CHUNK = 256  # positions the Sinkhorn kernel lays out entry-major at a time (CHUNK in the C source)  # set to 1: always the torch ops (A/B checks, debugging)
+# positions the Sinkhorn kernel lays out entry-major at a time (CHUNK in the C source)
+# set to 1: always the torch ops (A/B checks, debugging)
+CHUNK = 256
 
 _lock = threading.Lock()
 _library = None  # the loaded library, False once building failed

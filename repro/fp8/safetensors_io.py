@@ -182,8 +182,8 @@ class StreamingWriter:
     error of the writer thread is raised by the caller's next call.
     """
 
-    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict | None = None,
-                 direct: bool = True):
+    def __init__(self, path: str | Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]],
+                 metadata: dict | None = None, direct: bool = True):
         self.path = Path(path)
         self._plan = plan
         self._next = 0

@@ -85,7 +85,8 @@ class TensorStats:
         return cls(**{**d, "shape": tuple(d["shape"])})
 
 
-def check_stats(stats: TensorStats, max_rel_error: float, fmt: str | FP8Format, pow2_scale: bool, fp8_nan: int = 0, where: str = "") -> None:
+def check_stats(stats: TensorStats, max_rel_error: float, fmt: str | FP8Format, pow2_scale: bool, fp8_nan: int = 0,
+                where: str = "") -> None:
     """Raise CheckpointError if a quantised tensor came out NaN, or its error is above the threshold/bound."""
     prefix = f"{where}: " if where else ""
     if fp8_nan or not math.isfinite(stats.rel_error) or not math.isfinite(stats.max_abs_error):

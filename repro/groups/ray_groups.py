@@ -92,7 +92,8 @@ class RayTrainerGroup:
         self.sync_addresses = None
 
     def save(self, directory: Path) -> Path:
-        return Path(wait_all([r.save.remote(str(directory)) for r in self.ranks], self.names, "save", self.timeout_s)[0])
+        return Path(wait_all([r.save.remote(str(directory)) for r in self.ranks], self.names, "save",
+                             self.timeout_s)[0])
 
     def load(self, directory: Path) -> None:
         wait_all([r.load.remote(str(directory)) for r in self.ranks], self.names, "load", self.timeout_s)

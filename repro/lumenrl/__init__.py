@@ -9,7 +9,8 @@ own runs), maps its checkpoints onto our resume, and stops it cleanly. It stands
 checked when the recipe is loaded, with its other cross-field checks (``repro.recipes.lumenrl_checks``).
 
 Modules: ``config`` (recipe -> LumenRL config), ``launch`` (command, environment, its process group), ``stream``
-(console log -> metrics.jsonl rows), ``checkpoints`` (its ``global_step_N/`` folders as our resume points), ``run`` (plan and run, what ``repro.engines`` calls).
+(console log -> metrics.jsonl rows), ``checkpoints`` (its ``global_step_N/`` folders as our resume points),
+``run`` (plan and run, what ``repro.engines`` calls).
 
 Run directory of a LumenRL run: ``recipe.yaml``, ``metrics.jsonl`` (+ parquet), ``logs/lumenrl.log`` (its console
 output, every attempt appended), ``lumenrl/config.yaml`` (the written config), ``lumenrl/command.sh`` (environment

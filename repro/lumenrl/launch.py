@@ -122,7 +122,8 @@ def lumenrl_command(recipe: "Recipe", config_path: Path) -> list[str]:
 
 def command_script(command: list[str], env: dict[str, str], cwd: Path) -> str:
     """A bash script that starts LumenRL by hand exactly as a run did (kept as lumenrl/command.sh)."""
-    lines = ["#!/usr/bin/env bash", "# LumenRL as repro started it; rerun by hand from the Ray head.", "set -euo pipefail"]
+    lines = ["#!/usr/bin/env bash", "# LumenRL as repro started it; rerun by hand from the Ray head.",
+             "set -euo pipefail"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += [f"cd {shlex.quote(str(cwd))}",
               "# through a launcher that sets SIGINT to its default (`nohup ... &` starts it ignored, and SIGINT is",

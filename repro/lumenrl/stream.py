@@ -77,7 +77,8 @@ class MetricsStream:
         self.metrics = metrics
         self.progress = progress
         self.origins_path = origins_path
-        self.origins: dict[str, str] = json.loads(origins_path.read_text()) if origins_path and origins_path.is_file() else {}
+        self.origins: dict[str, str] = (json.loads(origins_path.read_text())
+                                        if origins_path and origins_path.is_file() else {})
         self.zero_based: bool | None = None  # decided by this attempt's first step line
         # decided by its first 'eval step=N' line: 0-based before LumenRL's fcbe86f (an 'eval step=0' shows it)
         self.eval_zero_based: bool | None = None

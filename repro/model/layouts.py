@@ -8,7 +8,8 @@ Two layouts (``LAYOUTS``):
             ``embed.weight``, ``head.weight``, ``norm.weight``, ``hc_head_{fn,base,scale}``,
             ``layers.L.{attn_norm,ffn_norm}.weight``, ``layers.L.hc_{attn,ffn}_{fn,base,scale}``,
             ``layers.L.attn.{wq_a,q_norm,wq_b,wkv,kv_norm,wo_a,wo_b}.weight``, ``layers.L.attn.attn_sink``,
-            ``layers.L.attn.compressor.{ape,wkv,wgate,norm}``, ``layers.L.attn.indexer.{wq_b,weights_proj,compressor.*}``,
+            ``layers.L.attn.compressor.{ape,wkv,wgate,norm}``,
+            ``layers.L.attn.indexer.{wq_b,weights_proj,compressor.*}``,
             ``layers.L.ffn.gate.{weight,bias,tid2eid}``, ``layers.L.ffn.experts.E.{w1,w2,w3}.weight``,
             ``layers.L.ffn.shared_experts.{w1,w2,w3}.weight`` and the MTP layer ``mtp.0.*``;
   hf        ``DeepseekV4ForCausalLM.state_dict()`` of transformers 5.24: ``model.layers.L.self_attn.q_a_proj.weight``,

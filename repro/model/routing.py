@@ -36,7 +36,8 @@ class RoutingError(ReproError):
 def topk_routers(model: torch.nn.Module) -> dict[int, DeepseekV4TopKRouter]:
     """layer index -> top-k router, for every top-k MoE layer of a DeepSeek-V4 model (hash layers excluded)."""
     base = getattr(model, "model", model)
-    routers = {i: layer.mlp.gate for i, layer in enumerate(base.layers) if isinstance(layer.mlp.gate, DeepseekV4TopKRouter)}
+    routers = {i: layer.mlp.gate for i, layer in enumerate(base.layers)
+               if isinstance(layer.mlp.gate, DeepseekV4TopKRouter)}
     if not routers:
         raise RoutingError(f"{type(model).__name__} has no DeepseekV4TopKRouter (no top-k MoE layer to route)")
     return routers
@@ -50,7 +51,8 @@ def recordable_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     routers = {}
     for i, layer in enumerate(getattr(base, "layers", [])):
         gate = getattr(getattr(layer, "mlp", None), "gate", None)
-        if isinstance(gate, DeepseekV4TopKRouter) or (type(gate).__name__.endswith("TopKRouter") and hasattr(gate, "top_k")):
+        if isinstance(gate, DeepseekV4TopKRouter) or (type(gate).__name__.endswith("TopKRouter")
+                                                      and hasattr(gate, "top_k")):
             routers[i] = gate
     if not routers:
         raise RoutingError(f"{type(model).__name__} has no top-k MoE router at layers[i].mlp.gate")
@@ -165,7 +167,8 @@ class RoutingReplay(_RouterHooks):
         for layer, router in self.routers.items():
             idx = indices[layer]
             if idx.dim() != 3 or idx.shape[-1] != router.top_k:
-                raise RoutingError(f"layer {layer}: replay indices shape {tuple(idx.shape)}, want [batch, seq, {router.top_k}]")
+                raise RoutingError(f"layer {layer}: replay indices shape {tuple(idx.shape)}, "
+                                   f"want [batch, seq, {router.top_k}]")
             if idx.is_floating_point() or idx.min() < 0 or idx.max() >= router.num_experts:
                 raise RoutingError(f"layer {layer}: replay indices must be integers in [0, {router.num_experts})")
             self.indices[layer] = idx.to(torch.int64)

@@ -91,7 +91,8 @@ def _headers(trainer_dir: Path, needs_master: bool) -> tuple[dict[str, tuple[Pat
         for t in master:
             held = found[t.name][1]
             if held.shape != t.shape:
-                raise CheckpointError(f"{master_file}: {t.name} is {list(t.shape)}, {MODEL_FILE} has {list(held.shape)}")
+                raise CheckpointError(f"{master_file}: {t.name} is {list(t.shape)}, "
+                                      f"{MODEL_FILE} has {list(held.shape)}")
             found[t.name] = (master_file, t)
     return found, names
 

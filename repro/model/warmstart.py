@@ -151,7 +151,8 @@ def warm_start(config: WarmStartConfig = WarmStartConfig(), log: Callable[[str],
     started = time.perf_counter()
     model = build_tiny_model(config.seed)
     tokenizer = build_tiny_tokenizer()
-    eval_set = task_train_problems(config, config.seed + 1)[: config.eval_problems]  # another order: not the first batches
+    # another order: not the first batches
+    eval_set = task_train_problems(config, config.seed + 1)[: config.eval_problems]
     state, history, reached = None, [], False
     while (state["step"] if state else 0) < config.max_steps:
         done = state["step"] if state else 0

@@ -51,7 +51,8 @@ def run_and_save(config: WarmStartConfig, out: str | Path, command: str, log=pri
         "load_average_at_end": list(os.getloadavg()),
         "accuracy_T0.8": {"temperature": ROLLOUT_TEMPERATURE, "samples": SAMPLES_PER_PROBLEM, **accuracies},
         "history": result.history,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
     }
     folder = save_checkpoint(
         result.model, result.tokenizer, out, extra_files={"warmstart.json": json.dumps(provenance, indent=1) + "\n"},

@@ -63,8 +63,9 @@ def chain_parameters(name: str, run_dir: Path, recipe: str, steps: int | None, o
     """
     from repro.recipes import load_recipe  # pydantic: not for `repro notebooks --help`
 
-    pool = {"recipe": recipe, "run_dir": str(run_dir), "source": str(run_dir), "steps": steps or 0, "overrides": overrides,
-            "in_process": in_process, "out_dir": str(notebooks_dir), "figures_dir": str(figures_dir)}
+    pool = {"recipe": recipe, "run_dir": str(run_dir), "source": str(run_dir), "steps": steps or 0,
+            "overrides": overrides, "in_process": in_process, "out_dir": str(notebooks_dir),
+            "figures_dir": str(figures_dir)}
     results_dir = None
     if name == "02_smoke_run":
         smoke_dir = Path(smoke_dir or run_dir / "smoke")
@@ -88,9 +89,9 @@ def run_chain(run_dir: str | Path, recipe: str = "tiny-cpu", steps: int | None =
     ``steps``/``overrides`` apply to the full run (03); the smoke run (02) is always 3 steps on the same
     recipe and overrides, in ``smoke_dir`` (default ``<run_dir>/smoke``, the earlier smoke run's files removed
     first; ``smoke_dir=run_dir`` makes the full run resume from the smoke run's step 3 instead of starting over).
-    ``notebooks`` limits the chain to those names (kept in chain order), ``skip`` drops some. ``parallel`` notebooks of one wave run at a time (1: strictly in order); the
-    local Ray instance the runs share starts while the first wave runs. A re-run resumes the full run from its
-    newest checkpoint.
+    ``notebooks`` limits the chain to those names (kept in chain order), ``skip`` drops some. ``parallel``
+    notebooks of one wave run at a time (1: strictly in order); the local Ray instance the runs share starts while
+    the first wave runs. A re-run resumes the full run from its newest checkpoint.
     """
     if parallel < 1:
         raise NotebookError(f"parallel must be at least 1, got {parallel}")

@@ -20,7 +20,8 @@ from repro.readiness.memory_budget import checkpoint_bytes, memory_budget, optim
 # version rows (versions) are re-exported: `repro check`, notebook 00 and the tests read them here
 from repro.readiness.report import failed, format_table, results_as_dicts, summary_line, write_json  # noqa: F401
 from repro.readiness.types import (  # noqa: F401
-    CPU_MODE_SKIP, FAIL, NCCL_VARS, PASS, SKIP, WARN, Check, CheckResult, Facts, NodeFacts, cpu_mode, kind_name, skipped,
+    CPU_MODE_SKIP, FAIL, NCCL_VARS, PASS, SKIP, WARN, Check, CheckResult, Facts, NodeFacts, cpu_mode, kind_name,
+    skipped,
 )
 from repro.readiness.versions import (  # noqa: F401
     VERSION_CHECKS, check_lumenrl, check_megatron, check_platform, check_python, check_ray_version, check_torch,
@@ -56,19 +57,21 @@ def _gb(n: float) -> str:
 
 # -- the checks ------------------------------------------------------------------------------------------
 def check_ray(recipe: "Recipe", facts: Facts) -> CheckResult:
-    where = "a local instance" if recipe.cluster.ray_address is None else f"cluster.ray_address={recipe.cluster.ray_address!r}"
+    where = ("a local instance" if recipe.cluster.ray_address is None
+             else f"cluster.ray_address={recipe.cluster.ray_address!r}")
     if not facts.ray_reachable:
         if recipe.cluster.ray_address is None:
             fix = "see the error; `ray start --head` by hand shows Ray's own log"
         else:
             fix = ("start Ray on every node (`ray start --head` on the first, `ray start --address=<head-ip>:6379` "
-                   "on the others) and run this on a node of that cluster, or set cluster.ray_address to the head's host:port")
+                   "on the others) and run this on a node of that cluster, or set cluster.ray_address to the head's "
+                   "host:port")
         return CheckResult("ray", FAIL, f"Ray not reachable via {where}: {facts.ray_error or 'unknown error'}", fix)
     mode = " (CPU mode)" if cpu_mode(recipe) else ""
     if facts.ray_local_deferred:
-        return CheckResult("ray", PASS, f"ray {facts.ray_version} installed; cluster.ray_address is null, so the run starts "
-                                        f"its own local instance (not started by this check; --start-ray does): this host "
-                                        f"offers {facts.total_cpus:g} CPUs, {facts.total_gpus:g} GPUs{mode}")
+        return CheckResult("ray", PASS, f"ray {facts.ray_version} installed; cluster.ray_address is null, so the run "
+                                        "starts its own local instance (not started by this check; --start-ray does): "
+                                        f"this host offers {facts.total_cpus:g} CPUs, {facts.total_gpus:g} GPUs{mode}")
     how = "started a local instance" if facts.ray_started_local else f"joined {facts.ray_address}"
     return CheckResult("ray", PASS, f"{how}: {len(facts.nodes)} node(s), {facts.total_cpus:g} CPUs, "
                                     f"{facts.total_gpus:g} GPUs{mode}")
@@ -79,8 +82,8 @@ def check_gpu_count(recipe: "Recipe", facts: Facts) -> CheckResult:
         return skipped("gpu_count")
     need = expected_gpus(recipe)
     if not facts.ray_reachable:
-        return CheckResult("gpu_count", FAIL, f"0 of {need} GPUs: Ray is not reachable, so no GPU is visible to the run "
-                                              f"(`ray status` should report {need} GPUs)",
+        return CheckResult("gpu_count", FAIL, f"0 of {need} GPUs: Ray is not reachable, so no GPU is visible to the "
+                                              f"run (`ray status` should report {need} GPUs)",
                            "fix the ray check first")
     have = facts.total_gpus
     if have < need:
@@ -90,9 +93,11 @@ def check_gpu_count(recipe: "Recipe", facts: Facts) -> CheckResult:
                            "join the missing nodes (`ray start --address=<head-ip>:6379 --num-gpus=8`) or check that "
                            "each node's GPUs are visible (HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES unset)")
     if have > need:
-        return CheckResult("gpu_count", WARN, f"Ray reports {have:g} GPUs, the recipe uses {need}: {have - need:g} stay idle",
+        return CheckResult("gpu_count", WARN,
+                           f"Ray reports {have:g} GPUs, the recipe uses {need}: {have - need:g} stay idle",
                            "nothing to fix unless other jobs need them")
-    return CheckResult("gpu_count", PASS, f"Ray reports {have:g} GPUs = {recipe.cluster.num_nodes} x {recipe.cluster.gpus_per_node}")
+    return CheckResult("gpu_count", PASS,
+                       f"Ray reports {have:g} GPUs = {recipe.cluster.num_nodes} x {recipe.cluster.gpus_per_node}")
 
 
 def check_nodes(recipe: "Recipe", facts: Facts) -> CheckResult:
@@ -128,8 +133,11 @@ def check_accelerator(recipe: "Recipe", facts: Facts) -> CheckResult:
                            f"run on a node of the cluster with the {kind_name(want)} build of torch"
                            + (f" {recipe.cluster.versions.torch}" if recipe.cluster.versions.torch else ""))
     if facts.accelerator != want:
-        return CheckResult("accelerator", FAIL, f"torch sees {kind_name(facts.accelerator)} GPUs ({seen}), the recipe expects {kind_name(want)}",
-                           f"set cluster.accelerator: {facts.accelerator} if this is intended, or run on the {kind_name(want)} cluster")
+        return CheckResult("accelerator", FAIL,
+                           f"torch sees {kind_name(facts.accelerator)} GPUs ({seen}), "
+                           f"the recipe expects {kind_name(want)}",
+                           f"set cluster.accelerator: {facts.accelerator} if this is intended, "
+                           f"or run on the {kind_name(want)} cluster")
     if want == "rocm" and facts.arch and not facts.arch.startswith("gfx942"):
         return CheckResult("accelerator", WARN, f"{seen}: AMD's run used MI308X (gfx942)",
                            "fine to run; throughput and FP8 encoding differ from AMD's numbers")
@@ -149,13 +157,16 @@ def check_fp8_format(recipe: "Recipe", facts: Facts) -> CheckResult:
                                                f"gfx950/NVIDIA: e4m3fn); rollout.fp8_format={configured}",
                            "run repro check on a node of the cluster")
     if hardware is None:
-        return CheckResult("fp8_format", WARN, f"cannot tell the FP8 encoding: {kind_name(facts.accelerator)} GPU, arch unknown",
+        return CheckResult("fp8_format", WARN,
+                           f"cannot tell the FP8 encoding: {kind_name(facts.accelerator)} GPU, arch unknown",
                            "install rocminfo or amd-smi (ROCm) so the architecture can be read, then rerun")
     if configured == "auto":
-        return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware}; rollout.fp8_format: auto picks it")
+        return CheckResult("fp8_format", PASS,
+                           f"{facts.arch or facts.accelerator} -> {hardware}; rollout.fp8_format: auto picks it")
     if configured != hardware:
         return CheckResult("fp8_format", FAIL,
-                           f"rollout.fp8_format={configured} but {facts.arch or facts.accelerator} computes in {hardware}",
+                           f"rollout.fp8_format={configured} but {facts.arch or facts.accelerator} "
+                           f"computes in {hardware}",
                            f"set rollout.fp8_format: auto (or {hardware})")
     return CheckResult("fp8_format", PASS, f"{facts.arch or facts.accelerator} -> {hardware} = rollout.fp8_format")
 
@@ -222,7 +233,8 @@ def optimizer_bytes_per_node(recipe: "Recipe") -> int:
 
 def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
     if cpu_mode(recipe):
-        need, what = checkpoint_bytes(recipe), "for the trainer's weights and optimizer state (CPU mode: they live in host RAM)"
+        need, what = (checkpoint_bytes(recipe),
+                      "for the trainer's weights and optimizer state (CPU mode: they live in host RAM)")
     elif recipe.actor.optimizer_cpu_offload:
         need = optimizer_bytes_per_node(recipe)
         what = (f"on the busiest trainer node for its ranks' CPU-offloaded optimizer state "
@@ -230,7 +242,8 @@ def check_host_ram(recipe: "Recipe", facts: Facts) -> CheckResult:
     else:
         return CheckResult("host_ram", SKIP, "actor.optimizer_cpu_offload is off: the optimizer stays on the GPUs")
     if facts.host_ram_bytes is None:
-        return CheckResult("host_ram", WARN, f"host RAM unknown; need ~{_gb(need)} {what}", "check `free -g` on each trainer node")
+        return CheckResult("host_ram", WARN, f"host RAM unknown; need ~{_gb(need)} {what}",
+                           "check `free -g` on each trainer node")
     ram = facts.host_ram_bytes
     detail = f"{_gb(ram)} RAM on this host; need ~{_gb(need)} {what}"
     if need > ram:

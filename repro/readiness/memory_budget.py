@@ -189,7 +189,8 @@ def _problems(recipe: "Recipe", budget: MemoryBudget) -> list[str]:
             part, size = max(worst.device.items(), key=lambda kv: kv[1])
             problems.append(f"device: trainer ranks of pipeline stage(s) {', '.join(map(str, over))} exceed "
                             f"{_gb(budget.device_capacity)} (cluster.device_memory_gb); stage {worst.stage} needs "
-                            f"{_gb(worst.device_total)}, its largest part {part} {_gb(size)}: {_device_fix(recipe, part)}")
+                            f"{_gb(worst.device_total)}, its largest part {part} {_gb(size)}: "
+                            f"{_device_fix(recipe, part)}")
     if budget.host_capacity is not None:
         over = [node for node, need in enumerate(budget.node_host) if need > budget.host_capacity]
         if over:
@@ -208,7 +209,8 @@ def _device_fix(recipe: "Recipe", part: str) -> str:
             return "set actor.optimizer_cpu_offload: true (the state moves to host memory)"
         return f"raise actor.optimizer_offload_fraction (now {actor.optimizer_offload_fraction})"
     if part == "activations":
-        return f"lower actor.max_tokens_per_micro_batch (now {actor.max_tokens_per_micro_batch}) or set actor.recompute: full"
+        return (f"lower actor.max_tokens_per_micro_batch (now {actor.max_tokens_per_micro_batch}) "
+                "or set actor.recompute: full")
     if part == "weight-sync buckets":
         return f"lower weight_sync.bucket_mb (now {recipe.weight_sync.bucket_mb})"
     return "split the model further (actor.pipeline_parallel, actor.expert_parallel, actor.tensor_parallel)"
@@ -223,9 +225,12 @@ def format_budget(recipe: "Recipe", budget: MemoryBudget) -> str:
     parts = list(dict.fromkeys(k for s in budget.stages for k in (*s.device, *s.host)))
     largest = max([s.device_total for s in budget.stages] + [s.host_total for s in budget.stages])
     unit, scale = ("GB", 1e9) if largest >= 1e9 else ("MB", 1e6)  # a tiny model's budget in readable numbers
-    head = f"{unit + ' per trainer rank (estimate)':<34}" + "".join(f"{f'stage {s.stage} ({s.layers} L)':>16}" for s in budget.stages)
-    lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; assumptions in repro/readiness/memory_budget.py",
-             head, f"{'parameters held (millions)':<34}" + "".join(f"{s.parameters / 1e6:>16,.1f}" for s in budget.stages)]
+    head = f"{unit + ' per trainer rank (estimate)':<34}" + "".join(
+        f"{f'stage {s.stage} ({s.layers} L)':>16}" for s in budget.stages)
+    lines = ["", f"memory budget of {recipe.name}: {budget.optimizer.holder}; "
+                 "assumptions in repro/readiness/memory_budget.py",
+             head, f"{'parameters held (millions)':<34}" + "".join(
+                 f"{s.parameters / 1e6:>16,.1f}" for s in budget.stages)]
     for place, attr in (("device", "device"), ("host", "host")):
         if not any(getattr(s, attr) for s in budget.stages):
             continue
@@ -238,7 +243,8 @@ def format_budget(recipe: "Recipe", budget: MemoryBudget) -> str:
         lines.append(f"{place + ' total':<34}" + "".join(f"{t / scale:>16,.1f}" for t in total)
                      + (f"   of {_gb(capacity)} per device" if capacity else ""))
     host = ", ".join(_gb(n) for n in budget.node_host)
-    capacity = f"of {_gb(budget.host_capacity)} per node" if budget.host_capacity else "host RAM unknown: set cluster.host_memory_gb"
+    capacity = (f"of {_gb(budget.host_capacity)} per node" if budget.host_capacity
+                else "host RAM unknown: set cluster.host_memory_gb")
     lines.append(f"host RAM per trainer node: {host} ({capacity})")
     if budget.problems:
         lines += [f"DOES NOT FIT: {p}" for p in budget.problems]

@@ -23,7 +23,8 @@ def summary_line(recipe: "Recipe", results: list[CheckResult]) -> str:
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     mode = ("CPU mode: the tiny recipe needs no accelerator, GPU checks are skipped"
             if cpu_mode(recipe) else
-            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} {kind_name(recipe.cluster.accelerator)} GPUs expected")
+            f"{recipe.cluster.num_nodes} nodes x {recipe.cluster.gpus_per_node} "
+            f"{kind_name(recipe.cluster.accelerator)} GPUs expected")
     verdict = "NOT READY" if counts[FAIL] else "ready"
     return f"recipe {recipe.name} ({mode}): {verdict} — {tally}"
 

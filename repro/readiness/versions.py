@@ -16,7 +16,8 @@ from repro.recipes.backends import MEGATRON_CORE, TRANSFORMER_ENGINE, VLLM, libr
 if TYPE_CHECKING:
     from repro.recipes.schema import Recipe
 
-INSTALL_IN_IMAGE = "install repro into the image with `pip install -e .` (it keeps the image's stack: docs/amd-images.md)"
+INSTALL_IN_IMAGE = ("install repro into the image with `pip install -e .` "
+                    "(it keeps the image's stack: docs/amd-images.md)")
 
 
 def check_python(recipe: "Recipe", facts: Facts) -> CheckResult:
@@ -76,8 +77,8 @@ def _check_package(name: str, key: str, needed_by, why_not: str, role: str) -> C
         want, have = expected_versions(recipe)[key], facts.versions.get(key)
         if have is None:
             return CheckResult(name, FAIL, f"{key} is not installed; {role} needs it",
-                               f"install {key}{' ' + want if want else ''} (the {kind_name(recipe.cluster.accelerator)} "
-                               "build) on every node")
+                               f"install {key}{' ' + want if want else ''} "
+                               f"(the {kind_name(recipe.cluster.accelerator)} build) on every node")
         if want and not version_matches(have, want):
             return CheckResult(name, WARN, f"{key} {have}, the recipe's cluster runs {want}",
                                f"install {key}=={want} to match the recipe")

@@ -111,7 +111,8 @@ ENGINES: dict[str, EngineCapabilities] = {
                                   about_run_dir="repro.analysis.lumenrl_origins:streamed_about"),
     "verl": EngineCapabilities("repro.verl.seam:SEAM", own_loop=False, streams_log=True, rollout_logprobs=None,
                                streamed_optimizer=False, problems="repro.verl.checks:verl_problems", colocates=True,
-                               about_run_dir="repro.verl.analysis:about_run_dir", caveats="repro.verl.analysis:caveats"),
+                               about_run_dir="repro.verl.analysis:about_run_dir",
+                               caveats="repro.verl.analysis:caveats"),
 }
 
 

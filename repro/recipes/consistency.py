@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 def layout_problems(recipe: "Recipe") -> list[str]:
     """Megatron's layout rules: TP x PP x DP = workers, EP x ETP x PP divides workers, EP divides experts."""
     actor, model = recipe.actor, recipe.model
-    tp, pp, ep, etp = actor.tensor_parallel, actor.pipeline_parallel, actor.expert_parallel, actor.expert_tensor_parallel
+    tp, pp, ep, etp = (actor.tensor_parallel, actor.pipeline_parallel, actor.expert_parallel,
+                       actor.expert_tensor_parallel)
     problems = []
     if actor.num_workers % (tp * pp):
         problems.append(
@@ -29,14 +30,16 @@ def layout_problems(recipe: "Recipe") -> list[str]:
             f"actor.num_workers={actor.num_workers}"
         )
     if model.num_routed_experts % ep:
-        problems.append(f"actor.expert_parallel: EP={ep} does not divide model.num_routed_experts={model.num_routed_experts}")
+        problems.append(f"actor.expert_parallel: EP={ep} does not divide "
+                        f"model.num_routed_experts={model.num_routed_experts}")
     problems += pipeline_split_problems(recipe)
     if model.num_expert_parameters >= model.num_parameters:
         problems.append(f"model.num_expert_parameters: {model.num_expert_parameters:,} is not below "
                         f"model.num_parameters={model.num_parameters:,}")
     if model.num_experts_per_tok > model.num_routed_experts:
         problems.append(
-            f"model.num_experts_per_tok: top-{model.num_experts_per_tok} exceeds model.num_routed_experts={model.num_routed_experts}"
+            f"model.num_experts_per_tok: top-{model.num_experts_per_tok} exceeds "
+            f"model.num_routed_experts={model.num_routed_experts}"
         )
     return problems
 
@@ -47,7 +50,8 @@ def pipeline_stage_layers(num_layers: int, stages: int, first: int | None, last:
     takes num_layers / stages. Raises ValueError naming the field when the split is impossible."""
     if stages == 1:
         if first is not None or last is not None:
-            raise ValueError("actor.num_layers_in_first_pipeline_stage / _last_: set only with actor.pipeline_parallel > 1")
+            raise ValueError("actor.num_layers_in_first_pipeline_stage / _last_: "
+                             "set only with actor.pipeline_parallel > 1")
         return [num_layers]
     if first is None and last is None:
         if num_layers % stages:
@@ -56,7 +60,8 @@ def pipeline_stage_layers(num_layers: int, stages: int, first: int | None, last:
         return [num_layers // stages] * stages
     middle_stages = stages - (first is not None) - (last is not None)
     middle_layers = num_layers - (first or 0) - (last or 0)
-    if middle_layers < 0 or bool(middle_layers) != bool(middle_stages) or (middle_stages and middle_layers % middle_stages):
+    if (middle_layers < 0 or bool(middle_layers) != bool(middle_stages)
+            or (middle_stages and middle_layers % middle_stages)):
         raise ValueError(
             f"actor.num_layers_in_first_pipeline_stage={first}, actor.num_layers_in_last_pipeline_stage={last}: the "
             f"remaining {middle_layers} of model.num_layers={num_layers} do not split evenly over {middle_stages} "
@@ -101,7 +106,8 @@ def resource_problems(recipe: "Recipe") -> list[str]:
         return problems
     if cluster.colocate != "none":
         return problems + colocated_problems(recipe)
-    if actor.nodes + rollout.num_replicas * _nodes_for(rollout.tensor_parallel, cluster.gpus_per_node) > cluster.num_nodes:
+    if (actor.nodes + rollout.num_replicas * _nodes_for(rollout.tensor_parallel, cluster.gpus_per_node)
+            > cluster.num_nodes):
         problems.append(
             f"cluster.num_nodes: {cluster.num_nodes} nodes cannot host actor.nodes={actor.nodes} trainer nodes plus "
             f"{rollout.num_replicas} rollout replica(s) of TP={rollout.tensor_parallel}"

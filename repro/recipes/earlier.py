@@ -26,7 +26,8 @@ EARLIER_CONVENTIONS: dict[str, object] = {
 }
 # the earlier IS statistics were verl's, under the rollout_corr/ keys
 EARLIER_IS_METRICS_NOTE = ("its rollout_corr/rollout_is_* statistics are verl's (ESS and std on the weights clamped "
-                           "to [1/C, C], mean/max/min of the untruncated weights), not LumenRL's, which AMD's run logged")
+                           "to [1/C, C], mean/max/min of the untruncated weights), not LumenRL's, "
+                           "which AMD's run logged")
 
 
 def fill_earlier_conventions(data: dict) -> list[str]:

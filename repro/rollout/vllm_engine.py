@@ -144,7 +144,8 @@ class VLLMEngine:
         start = time.perf_counter()
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [
-            VSamplingParams(**vllm_sampling_kwargs(params, self.eos_id, min(params.max_new_tokens, self.max_context - len(p)),
+            VSamplingParams(**vllm_sampling_kwargs(params, self.eos_id,
+                                                   min(params.max_new_tokens, self.max_context - len(p)),
                                                    params.seed + index))
             for index, p in enumerate(prompts)
         ]

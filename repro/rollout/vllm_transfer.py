@@ -216,7 +216,8 @@ class TransferReceiver(Protocol):
 
 class TransferWire:
     """vLLM's own wire (``repro.sync.handoff.Wire``): one sending rank, vLLM's NCCL group, its packed broadcast.
-    The address carries the update info (the served checkpoint's synced tensors), so both sides cut the buffers alike."""
+    The address carries the update info (the served checkpoint's synced tensors), so both sides cut the buffers
+    alike."""
 
     def __init__(self, receivers: int, bucket_bytes: int, model_dir: str):
         self.receivers, self.bucket_bytes, self.model_dir = receivers, bucket_bytes, model_dir

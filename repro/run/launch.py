@@ -188,7 +188,8 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
         f"dry run of {recipe.name}: {len(trainer_rows)} trainer worker(s), "
         f"{sum(r.group == ROLLOUT for r in rows)} rollout replica(s); nothing is started",
         f"trainer layout: world {sizes.world} = TP {sizes.tp} x CP {sizes.cp} x DP {sizes.dp} x PP {sizes.pp}; "
-        f"experts: ETP {sizes.etp} x EP {sizes.ep} x EDP {sizes.edp} x PP {sizes.pp} (megatron-core order tp-cp-ep-dp-pp)",
+        f"experts: ETP {sizes.etp} x EP {sizes.ep} x EDP {sizes.edp} x PP {sizes.pp} "
+        "(megatron-core order tp-cp-ep-dp-pp)",
         "",
         f"{'worker':<18} {'slice':>5} {'bundle':>6}  {'node':<16} {'ip':<15} {'resources':<16} "
         f"{'rank':>4} {'local':>5} {'tp':>3} {'cp':>3} {'dp':>3} {'pp':>3} {'ep':>3} {'etp':>3} {'edp':>3}",
@@ -196,9 +197,11 @@ def format_dry_run(recipe: "Recipe", plan: PlacementPlan, rows: list[PlacementRo
     for row in rows:
         group = by_group[row.group]
         slice_index, bundle = divmod(row.bundle_index, group.bundles_per_slice)
-        node = f"{node_letters.get(row.node_id, '-')} {row.node_id[:12]}" if row.node_id in node_letters else row.node_id
+        node = (f"{node_letters.get(row.node_id, '-')} {row.node_id[:12]}" if row.node_id in node_letters
+                else row.node_id)
         resources = ", ".join(f"{k} {v:g}" for k, v in sorted(row.resources.items(), key=lambda kv: kv[0] != "GPU"))
-        head = f"{row.group + ' worker ' + str(row.bundle_index):<18} {slice_index:>5} {bundle:>6}  {node:<16} {row.node_ip:<15} {resources:<16}"
+        head = (f"{row.group + ' worker ' + str(row.bundle_index):<18} {slice_index:>5} {bundle:>6}  {node:<16} "
+                f"{row.node_ip:<15} {resources:<16}")
         if row.group == TRAINER:
             a = args[row.bundle_index]
             head += (f" {a['rank']:>4} {a['local_rank']:>5} {a['tp']:>3} {a['cp']:>3} {a['dp']:>3} {a['pp']:>3} "
@@ -259,7 +262,8 @@ def simulated_dry_run(recipe: "Recipe", timeout_s: float = 120.0) -> str:
     try:
         for _ in range(recipe.cluster.num_nodes - 1):
             cluster.add_node(**node)
-        simulated = recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"ray_address": cluster.address})})
+        simulated = recipe.model_copy(
+            update={"cluster": recipe.cluster.model_copy(update={"ray_address": cluster.address})})
         text, _ = dry_run(simulated, timeout_s=timeout_s)
     finally:
         if ray.is_initialized():

@@ -90,7 +90,8 @@ class LivePlot:
     def figure(self):
         from matplotlib.ticker import PercentFormatter
 
-        from repro.analysis.plots import AMD_COLOUR, RUN_COLOUR, new_figure, styled  # matplotlib: the notebook's figure only
+        # matplotlib: the notebook's figure only
+        from repro.analysis.plots import AMD_COLOUR, RUN_COLOUR, new_figure, styled
 
         with styled():
             fig, (ax_acc, ax_kl) = new_figure(ncols=2)

@@ -228,7 +228,8 @@ def evaluate_and_log(run: Run, step: int) -> dict:
     path = run.run_dir / "eval" / f"step_{step:06d}.json"
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, **{k2: v for k2, v in row.items() if k2 != K.KIND}, "problems": details}, indent=1))
+    tmp.write_text(json.dumps({"step": step, **{k2: v for k2, v in row.items() if k2 != K.KIND}, "problems": details},
+                              indent=1))
     tmp.replace(path)
     run.metrics.append(row)
     return row

@@ -103,7 +103,8 @@ def run_summary(frames: RunFrames, phase_len: int) -> dict:
         raise MetricsError(f"{frames.source}: no evaluation rows (the ablation reads the held-out avg@k)")
     last = evals.iloc[-1]
     row.update({"avg_start": float(evals.iloc[0]["avg"]), "avg_end": float(last["avg"]),
-                "avg_end_low": float(last["low"]), "avg_end_high": float(last["high"]), "eval_step": int(evals.index[-1]),
+                "avg_end_low": float(last["low"]), "avg_end_high": float(last["high"]),
+                "eval_step": int(evals.index[-1]),
                 "kl": _mean(frames, KL), "k3_kl": _mean(frames, K3_KL), "ess": _mean(frames, ESS),
                 "above_cap": _mean(frames, IS_FRACTION_HIGH),
                 "step_s": float(frames.require(STEP_SECONDS).median())})

@@ -207,7 +207,8 @@ def checkpoint_model(run_dir: str | Path, step: int, out_dir: str | Path, tokeni
         raise FileNotFoundError(f"{trainer.parent}: no complete checkpoint of step {step} (kept: checkpoint.keep_last)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for source in [trainer / "config.json", trainer / "model.safetensors"] + [Path(tokenizer_from) / f for f in TOKENIZER_FILES]:
+    for source in ([trainer / "config.json", trainer / "model.safetensors"]
+                   + [Path(tokenizer_from) / f for f in TOKENIZER_FILES]):
         if not source.is_file():
             raise FileNotFoundError(f"{source}: missing, needed for the model folder of step {step}")
         target = out / source.name

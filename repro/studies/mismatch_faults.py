@@ -7,7 +7,8 @@ batch of the recipe's training prompts (the faulted policy), and sets its raw lo
 with R3, as the run does: per-token k1, k3, ESS (LumenRL's definitions), the share above the TIS cap, and the
 faulted policy's reward accuracy on the batch.
 
-The faults are of the kinds LumenRL's patches fix (paths and lines in LumenRL ``dev/dsv4-grpo`` at 2232f55, the run's tree; unchanged at the branch head 93795b9):
+The faults are of the kinds LumenRL's patches fix (paths and lines in LumenRL ``dev/dsv4-grpo`` at 2232f55, the
+run's tree; unchanged at the branch head 93795b9):
 
 * the FP8 scale doubled twice: vLLM's ``normalize_e4m3fn_to_e4m3fnuz`` reinterprets e4m3fn bytes as e4m3fnuz
   (half the value) and doubles the scale; applied again to a tensor that is already e4m3fnuz it doubles the scale
@@ -88,7 +89,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault("router served as FP8", fp8_also=ROUTER,
           source="lumenrl/engine/inference/fp8_weight_quantizer.py:50-51; lumenrl/moe/router_precision.py:1-27"),
     Fault("LM head served as FP8", fp8_also=HEAD,
-          source="lumenrl/engine/inference/fp8_weight_quantizer.py:45; lumenrl/engine/training/fsdp_backend.py:228-244"),
+          source="lumenrl/engine/inference/fp8_weight_quantizer.py:45; "
+                 "lumenrl/engine/training/fsdp_backend.py:228-244"),
     Fault("compressor + indexer scorer served as FP8", fp8_also=COMPRESSOR,
           source="lumenrl/engine/inference/fp8_weight_quantizer.py:52-57"),
     Fault("hash table tid2eid lost in reload", redraw_hash=True,

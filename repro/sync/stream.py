@@ -16,7 +16,8 @@ sync (``repro.sync.group``: gloo here, NCCL/RCCL on GPUs). ``verified_stream`` c
 (version, sender, the next index, checksum, no tensor twice) and yields its tensors; the first bad one raises a
 ``BucketError`` naming the version and the bucket. Engines apply bucket by bucket between ``SyncGate.begin`` and
 ``SyncGate.finish`` (``repro.sync.apply``); a sync that fails half-way leaves the gate closed, so the engine refuses
-to generate (naming the version and the bucket) until a complete sync succeeds: no rollout samples from a half-applied update.
+to generate (naming the version and the bucket) until a complete sync succeeds: no rollout samples from a
+half-applied update.
 
 Measured vs estimated: the checksum's cost and the transport's GB/s are measured by
 ``benchmarks/bench_weight_sync.py``; the cluster figures it prints beside them are labelled estimates.

@@ -31,7 +31,8 @@ PRIMITIVE_CACHE_CAPACITY = "1024"  # oneDNN's default, written down: it holds a 
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, which a container or taskset narrows), not the machine's."""
+    """The cores this process may run on (its affinity mask, which a container or taskset narrows), not the
+    machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS has no affinity call
@@ -51,7 +52,8 @@ def worker_thread_env(threads: int) -> dict[str, str]:
     whose shapes follow each micro-batch's rows and width, are new. RSS at the end: 2,049 MiB at 1,024, 1,990 at 512."""
     threads = max(1, min(threads, usable_cores()))
     env = {"OMP_NUM_THREADS": str(threads),
-           "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", PRIMITIVE_CACHE_CAPACITY)}
+           "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+                                                             PRIMITIVE_CACHE_CAPACITY)}
     if threads > 1:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env

@@ -107,7 +107,8 @@ def load_trainer(trainer: StateParts, directory: str | Path, *, backend: str = "
     meta = json.loads((folder / "trainer_state.json").read_text())
     if meta.get("format") != FORMAT_VERSION or meta.get("backend", "embedded") != backend:
         raise TrainerError(
-            f"{folder / 'trainer_state.json'}: format {meta.get('format')} of backend {meta.get('backend', 'embedded')!r}, "
+            f"{folder / 'trainer_state.json'}: format {meta.get('format')} "
+            f"of backend {meta.get('backend', 'embedded')!r}, "
             f"want format {FORMAT_VERSION} of {backend!r}"
         )
     if meta.get("dtype") != trainer.dtype_name:

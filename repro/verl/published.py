@@ -1,9 +1,10 @@
 """verl's published DeepSeek-V4-Flash GRPO script as facts: the overrides
 ``examples/grpo_trainer/run_deepseek_v4_flash_megatron.sh`` passes to ``verl.trainer.main_ppo`` with its defaults
 (verl-project/verl at df9e224, 2026-08-14, its last change in the snapshot read, of 2026-08-22; NVIDIA, Megatron +
-vLLM, "8 nodes x 8 GPUs" by its variables, 11 by its header). Values are the script's; ``$``-placeholders stand for its paths. The dry run
-sets ours beside these; tests/verl composes both with verl's own config (the script's do not compose on 0.9.1:
-``actor.megatron.grad_offload`` is no longer a key there, its offload folded into ``param_offload``).
+vLLM, "8 nodes x 8 GPUs" by its variables, 11 by its header). Values are the script's; ``$``-placeholders stand
+for its paths. The dry run sets ours beside these; tests/verl composes both with verl's own config (the script's
+do not compose on 0.9.1: ``actor.megatron.grad_offload`` is no longer a key there, its offload folded into
+``param_offload``).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ What megatron-core assumes that a CPU box lacks, and what stands in for it here:
     MoE code takes its torch path;
   * torch norms refuse sequence parallelism (``_patch_torch_norm`` marks their weights as Apex/TE norms do);
   * the schedules' ``device="cuda"`` token counters and p2p ``torch.cuda.synchronize()`` (see ``_patch_schedules``);
-  * a process group: the caller's gloo group (a multi-rank run: ``repro.train.megatron.parallel.init_distributed_from_env``),
-    or else gloo at world size 1 over an in-memory store (no port, no env vars).
+  * a process group: the caller's gloo group (a multi-rank run:
+    ``repro.train.megatron.parallel.init_distributed_from_env``), or else gloo at world size 1 over an in-memory
+    store (no port, no env vars).
 The model side of the CPU recipe (allgather token dispatcher, no bias in linears, local layer spec without
 Transformer Engine) is chosen by ``repro.train.megatron.trainer.tiny_transformer_config``, not patched here.
 """
@@ -55,7 +56,8 @@ def install_cpu_shim() -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if dist.get_backend() != "gloo":
-        raise TrainerError(f"cpu_shim: a CPU process needs the gloo backend, the process group uses {dist.get_backend()}")
+        raise TrainerError("cpu_shim: a CPU process needs the gloo backend, "
+                           f"the process group uses {dist.get_backend()}")
     _installed = True
 
 

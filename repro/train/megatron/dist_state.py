@@ -96,7 +96,8 @@ def layout() -> dict[str, int]:
     """The live parallel layout: what must match for RNG states (and the old per-rank format) to be restored."""
     from megatron.core import parallel_state as ps
 
-    return {"world_size": dist.get_world_size(), "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+    return {"world_size": dist.get_world_size(),
+            "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
             "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
             "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
             "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
@@ -190,7 +191,8 @@ def load_state(trainer, folder: Path, meta: dict) -> None:
     if meta.get("backend") != "megatron":
         raise TrainerError(f"{folder / STATE_FILE}: backend {meta.get('backend')!r}, want 'megatron'")
     if meta.get("dtype") != trainer.dtype_name:
-        raise TrainerError(f"{folder / STATE_FILE}: saved by a {meta.get('dtype')} trainer, this one is {trainer.dtype_name}")
+        raise TrainerError(f"{folder / STATE_FILE}: saved by a {meta.get('dtype')} trainer, "
+                           f"this one is {trainer.dtype_name}")
     if meta.get("optimizer") != type(trainer.opt).__name__:
         raise TrainerError(f"{folder / STATE_FILE}: optimizer state of {meta.get('optimizer')}, this trainer steps "
                            f"{type(trainer.opt).__name__} (megatron's on a GPU, the project's AdamW on CPU: "
@@ -207,7 +209,8 @@ def load_state(trainer, folder: Path, meta: dict) -> None:
     current = rng_states()
     if same_layout:
         if sorted(current) != meta.get("rng"):
-            raise TrainerError(f"{folder / STATE_FILE}: RNG states {meta.get('rng')}, this process has {sorted(current)}")
+            raise TrainerError(f"{folder / STATE_FILE}: RNG states {meta.get('rng')}, "
+                               f"this process has {sorted(current)}")
         sharded["rng"] = _rng_sharded({name: torch.empty_like(s) for name, s in current.items()})
     try:
         loaded = dist_checkpointing.load(sharded, str(folder / DIST_DIR))

@@ -92,10 +92,12 @@ NORM_ALIASES = {
 }
 # The same table in transformers' in-memory names (the layouts module knows the renaming).
 _GLOBAL = {layouts.hf_name(rel): meg for rel, meg in _GLOBAL_RELEASE.items()}
-_LAYER = {layouts.hf_name(f"layers.0.{rel}").removeprefix("model.layers.0."): meg for rel, meg in _LAYER_RELEASE.items()}
+_LAYER = {layouts.hf_name(f"layers.0.{rel}").removeprefix("model.layers.0."): meg
+          for rel, meg in _LAYER_RELEASE.items()}
 _LAYER_BACK = {meg: hf for hf, meg in _LAYER.items()}
 
-_SPLIT = {"mlp.experts.gate_up_proj": "mlp.experts.linear_fc1.weight", "mlp.experts.down_proj": "mlp.experts.linear_fc2.weight"}
+_SPLIT = {"mlp.experts.gate_up_proj": "mlp.experts.linear_fc1.weight",
+          "mlp.experts.down_proj": "mlp.experts.linear_fc2.weight"}
 _SPLIT_BACK = {meg: hf for hf, meg in _SPLIT.items()}
 _FUSED_PARTS = ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight")
 _FUSED = "mlp.shared_experts.linear_fc1.weight"
@@ -169,7 +171,8 @@ def hf_state_to_megatron(state: dict[str, torch.Tensor], norm_aliases: bool = Fa
             out[hf_to_megatron(name, 1)[0]] = torch.cat([tensor, state[up_name]], dim=0)
         else:
             out[hf_to_megatron(name, 1)[0]] = tensor
-    orphans = [n for n in state if n.endswith(_FUSED_PARTS[1]) and n[: -len(_FUSED_PARTS[1])] + _FUSED_PARTS[0] not in state]
+    orphans = [n for n in state
+               if n.endswith(_FUSED_PARTS[1]) and n[: -len(_FUSED_PARTS[1])] + _FUSED_PARTS[0] not in state]
     if orphans:
         raise NameMappingError(f"{orphans[0]}: its partner gate_proj is missing, cannot fuse the shared fc1")
     if norm_aliases:

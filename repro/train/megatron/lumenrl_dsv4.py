@@ -4,7 +4,8 @@
 Set ``actor.model_provider: repro.train.megatron.lumenrl_dsv4:provider`` and ``model.path`` to the BF16 HF folder.
 What it needs from the image (LumenRL ``examples/GRPO/Dockerfile.dsv4``, target ``trainer``): ``lumenrl``
 (``/workspace/Lumen-RL``, branch ``dev/dsv4-grpo``) and ``lumen`` (``/workspace/Lumen``: ``lumen.models.dsv4.megatron
-.spec.get_dsv4_spec``) importable; ROCm/Megatron-LM ``rocm_dev`` patched by ``examples/GRPO/dsv4/patch_rocm_megatron_dsv4
+.spec.get_dsv4_spec``) importable; ROCm/Megatron-LM ``rocm_dev`` patched by
+``examples/GRPO/dsv4/patch_rocm_megatron_dsv4
 .py`` (``experimental_attention_variant="dsv4"`` and the ``dsv4_*`` TransformerConfig fields); aiter, TileLang and
 flash-attention for the kernels; a ROCm GPU per rank (the engine calls ``model.cuda()``). Every rank reads the whole
 HF checkpoint (LumenRL's ``load_hf_safetensors``), so stage it in ``/dev/shm`` as AMD did.

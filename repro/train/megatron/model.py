@@ -96,7 +96,8 @@ def record_routing(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[tor
 
 def weight_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict without megatron's ``_extra_state`` entries (None or bytes, not weights)."""
-    return {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+    return {k: v for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str = "weights") -> None:

@@ -61,7 +61,8 @@ def trainer_optimizer(model: torch.nn.Module, optim: OptimConfig, *, distributed
     from megatron.core import parallel_state as ps
 
     dense, experts = ps.get_data_parallel_group(), ps.get_expert_data_parallel_group()
-    inner = ShardedMasterAdamW(model, optim, offload=offload, group_of=lambda name: experts if is_expert(name) else dense)
+    inner = ShardedMasterAdamW(model, optim, offload=offload,
+                               group_of=lambda name: experts if is_expert(name) else dense)
     return ProjectAdamW(model, inner, owned=inner.owned)
 
 
@@ -134,7 +135,8 @@ class ProjectAdamW:
                 for field in ("exp_avg", "exp_avg_sq"):
                     fields[field] = torch.empty_like(master) if is_loading else state[field]
             param = _main_replica(sharded[name]) if self.zero1 else sharded[name]
-            out[name] = {field: make_sharded_optimizer_tensor(param, t, f"optimizer.{field}") for field, t in fields.items()}
+            out[name] = {field: make_sharded_optimizer_tensor(param, t, f"optimizer.{field}")
+                         for field, t in fields.items()}
         return out
 
     def load_sharded_state_dict(self, state: dict, adam_step: float) -> None:

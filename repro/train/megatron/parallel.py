@@ -76,7 +76,8 @@ def ensure_model_parallel(parallel_state_kwargs: dict[str, int]) -> None:
 
         install_cpu_shim()
     elif not dist.is_initialized():
-        raise TrainerError("MegatronTrainer: torch.distributed is not initialised (start the workers with torchrun/Ray)")
+        raise TrainerError("MegatronTrainer: torch.distributed is not initialised "
+                           "(start the workers with torchrun/Ray)")
     sizes = {k: int(v) for k, v in parallel_state_kwargs.items()}
     if parallel_state.model_parallel_is_initialized():
         live = {
@@ -88,10 +89,12 @@ def ensure_model_parallel(parallel_state_kwargs: dict[str, int]) -> None:
         }
         wrong = {k: (sizes[k], live[k]) for k in live if k in sizes and sizes[k] != live[k]}
         if wrong:
-            raise TrainerError(f"MegatronTrainer: model parallelism is already initialised differently (want, live): {wrong}")
+            raise TrainerError("MegatronTrainer: model parallelism is already initialised differently "
+                               f"(want, live): {wrong}")
         return
     world = dist.get_world_size()
-    model_parallel = sizes["tensor_model_parallel_size"] * sizes["pipeline_model_parallel_size"] * sizes["context_parallel_size"]
+    model_parallel = (sizes["tensor_model_parallel_size"] * sizes["pipeline_model_parallel_size"]
+                      * sizes["context_parallel_size"])
     if world % model_parallel:
         raise TrainerError(
             f"actor.tensor_parallel x actor.pipeline_parallel = {model_parallel} does not divide the world size {world}"
@@ -111,7 +114,8 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, tempera
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     scaled = logits.float() / temperature
-    return -vocab_parallel_cross_entropy(scaled.transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous()).transpose(0, 1)
+    return -vocab_parallel_cross_entropy(scaled.transpose(0, 1).contiguous(),
+                                         targets.transpose(0, 1).contiguous()).transpose(0, 1)
 
 
 @torch.no_grad()
@@ -145,7 +149,8 @@ def _param_groups(name: str):
     from megatron.core import parallel_state as ps
 
     if is_expert(name):
-        return ps.get_expert_tensor_parallel_group(), ps.get_expert_tensor_parallel_rank(), ps.get_expert_data_parallel_group()
+        return (ps.get_expert_tensor_parallel_group(), ps.get_expert_tensor_parallel_rank(),
+                ps.get_expert_data_parallel_group())
     return ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_group()
 
 

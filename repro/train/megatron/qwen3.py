@@ -62,12 +62,14 @@ def transformer_config_kwargs(hf: dict[str, Any]) -> dict[str, Any]:
     import torch.nn.functional as F
 
     return dict(
-        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=hf["num_attention_heads"],
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
+        num_attention_heads=hf["num_attention_heads"],
         num_query_groups=hf["num_key_value_heads"], kv_channels=hf["head_dim"], ffn_hidden_size=hf["intermediate_size"],
         num_moe_experts=hf["num_experts"], moe_router_topk=hf["num_experts_per_tok"],
         moe_ffn_hidden_size=hf["moe_intermediate_size"], moe_router_score_function="softmax",
         moe_router_pre_softmax=False, moe_router_topk_scaling_factor=None, moe_shared_expert_intermediate_size=None,
-        qk_layernorm=True, layernorm_epsilon=hf["rms_norm_eps"], normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+        qk_layernorm=True, layernorm_epsilon=hf["rms_norm_eps"], normalization="RMSNorm", gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False,
     )
 
 
@@ -96,7 +98,8 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[
     return out
 
 
-def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any], on_disk: bool = False) -> dict[str, torch.Tensor]:
+def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any],
+                   on_disk: bool = False) -> dict[str, torch.Tensor]:
     """Megatron tensors -> HF Qwen3-MoE names and layouts: the inverse of ``hf_to_megatron``, for the whole state
     or any part of it whose layers come with all their experts of a projection (the weight stream's export units).
 
@@ -132,7 +135,8 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], config: dict[str, Any], on_disk
                 if proj == "linear_fc2":
                     out[f"{h}mlp.experts.{e}.down_proj.weight"] = part
                 else:
-                    out[f"{h}mlp.experts.{e}.gate_proj.weight"], out[f"{h}mlp.experts.{e}.up_proj.weight"] = part.chunk(2, dim=0)
+                    (out[f"{h}mlp.experts.{e}.gate_proj.weight"],
+                     out[f"{h}mlp.experts.{e}.up_proj.weight"]) = part.chunk(2, dim=0)
     unknown = [n for n in meg if not _known(n, config)]
     if unknown:
         raise TrainerError(f"{unknown[0]}: not a megatron Qwen3-MoE weight name this mapping knows")

@@ -148,7 +148,8 @@ def stage_weights(model: torch.nn.Module, dtype: torch.dtype, export_names: Expo
     rank of the stage calls it and walks it to the end."""
     ranks = _stage_ranks()
     names_by_ep = [full_names(model, expert_rank=r) for r in range(ranks.ep_size if ranks is not None else 1)]
-    state = {n: t for n, t in model.state_dict().items() if isinstance(t, torch.Tensor) and not n.endswith("_extra_state")}
+    state = {n: t for n, t in model.state_dict().items()
+             if isinstance(t, torch.Tensor) and not n.endswith("_extra_state")}
     params = dict(model.named_parameters())
     for unit in stream_order(list(state), grouped=export_names is not None):
         full: dict[str, torch.Tensor] = {}
@@ -197,7 +198,8 @@ def _receive_stage(src: int) -> Iterator[tuple[str, torch.Tensor]]:
         dist.recv(data, src)
         header = json.loads(bytes(data.cpu().tolist()))
         if header["dtype"] not in WIRE_DTYPES:
-            raise TrainerError(f"weight stream from rank {src}: tensor {header['name']} has unknown dtype {header['dtype']}")
+            raise TrainerError(f"weight stream from rank {src}: tensor {header['name']} "
+                               f"has unknown dtype {header['dtype']}")
         tensor = torch.empty(header["shape"], dtype=WIRE_DTYPES[header["dtype"]], device=device)
         dist.recv(tensor, src)
         yield header["name"], tensor.cpu()

@@ -66,7 +66,8 @@ def build_tiny_gpt_moe(seed: int = 0, spec: TinyGPTMoE = TinyGPTMoE(), **config_
 
     if not parallel_state.model_parallel_is_initialized():
         ensure_model_parallel(dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                                   expert_model_parallel_size=1, expert_tensor_parallel_size=1, context_parallel_size=1))
+                                   expert_model_parallel_size=1, expert_tensor_parallel_size=1,
+                                   context_parallel_size=1))
     torch.manual_seed(seed)
     _seed_rng_tracker(seed)
     config = tiny_transformer_config(spec, **{**live_parallel_config(), **config_overrides})
@@ -129,6 +130,7 @@ def provider(recipe) -> torch.nn.Module:
 
     layout = megatron_layout(recipe)["transformer"]
     recipe_fields = ("sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers")
-    model = build_tiny_gpt_moe(seed=recipe.seed, spec=TinyGPTMoE(vocab_size=32), **{k: layout[k] for k in recipe_fields})
+    model = build_tiny_gpt_moe(seed=recipe.seed, spec=TinyGPTMoE(vocab_size=32),
+                               **{k: layout[k] for k in recipe_fields})
     load_full_weights(model, seeded_full_tensor(recipe.seed), source="seeded tiny GPT/MoE")
     return model

@@ -2,10 +2,11 @@
 
 Parts:
 
-  ``megatron_layout(recipe)``   (``repro.train.megatron.config``) pure: the recipe's actor/optim/routing sections -> keyword arguments of
-                                ``parallel_state.initialize_model_parallel``, ``TransformerConfig``,
-                                ``OptimizerConfig`` and ``DistributedDataParallelConfig`` (AMD: TP4/PP4/EP4/ETP1,
-                                sequence parallel, full recompute, bf16, distributed optimizer offloaded to CPU).
+  ``megatron_layout(recipe)``   (``repro.train.megatron.config``) pure: the recipe's actor/optim/routing sections ->
+                                keyword arguments of ``parallel_state.initialize_model_parallel``,
+                                ``TransformerConfig``, ``OptimizerConfig`` and ``DistributedDataParallelConfig``
+                                (AMD: TP4/PP4/EP4/ETP1, sequence parallel, full recompute, bf16, distributed
+                                optimizer offloaded to CPU).
                                 No megatron import, no process group: tested as plain dicts.
   ``MegatronTrainer``           the ``Trainer`` protocol on one trainer rank. The update (decoupled TIS weights
                                 fixed up front, zero-advantage rows skipped but counted, token-budget micro-batches
@@ -164,7 +165,8 @@ class MegatronTrainer(GRPOTrainer):
             replay_state = r.module.router_replay
             replay_state.clear_indices()
             if replay:
-                replay_state.set_target_indices(sequence_first(micro.routing[layer], self.model.config.sequence_parallel))
+                replay_state.set_target_indices(
+                    sequence_first(micro.routing[layer], self.model.config.sequence_parallel))
                 replay_state.replay_backward_list = []  # REPLAY_FORWARD serves recompute too; no second copy
                 replay_state.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
             else:
