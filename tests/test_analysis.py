@@ -21,7 +21,8 @@ def cpu_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory):
-    return load_run(write_synthetic_run(tmp_path_factory.mktemp("gpu"), steps=75, seed=1, recipe="amd-dsv4-flash-mi308x"))
+    return load_run(write_synthetic_run(tmp_path_factory.mktemp("gpu"), steps=75, seed=1,
+                                        recipe="amd-dsv4-flash-mi308x"))
 
 
 def _series(values, start=1, name="x"):
@@ -102,7 +103,8 @@ def test_comparison_rows_and_values(cpu_run):
     assert thr["run"] == pytest.approx(cpu_run.train["perf/rollout_tokens_per_s"].loc[1:25].mean())
     assert thr["inside"] is None  # a CPU run's tokens/s are not compared with an MI308X node's
     kl = table.loc["train-rollout KL, k1 estimator, end"]
-    assert (kl["amd"], kl["run"], kl["band"], kl["inside"]) == (0.4706, cpu_run.train.loc[75, "rollout_corr/kl"], "no band", None)
+    assert (kl["amd"], kl["run"], kl["band"], kl["inside"]) == \
+        (0.4706, cpu_run.train.loc[75, "rollout_corr/kl"], "no band", None)
     k3 = table.loc["train-rollout KL, k3 estimator, end"]
     assert math.isnan(k3["amd"]) and k3["run"] == cpu_run.train.loc[75, "rollout_corr/k3_kl"] and k3["step"] == 75
     assert table.loc["effective sample size, end", "amd"] == 0.791
@@ -183,6 +185,7 @@ def test_the_mismatch_at_the_end_of_a_run_is_read_at_step_75_or_the_last_logged_
     assert results["ess_mean"][run.label] == pytest.approx(float(run.train[ESS].mean()))
 
     table = summary.mismatch_at_end_table([run], {"kl": 0.4706, "ess": 0.791})
-    assert table.loc["KL, k1 estimator (can be < 0)", "AMD"] == 0.4706 and table.loc["effective sample size: at step", "AMD"] == 75
+    assert table.loc["KL, k1 estimator (can be < 0)", "AMD"] == 0.4706 and \
+        table.loc["effective sample size: at step", "AMD"] == 75
     assert math.isnan(table.loc["KL, k3 estimator (≥ 0)", "AMD"])  # AMD published no k3
     assert summary.mismatch_quantities(table)["effective sample size"] == "fraction"

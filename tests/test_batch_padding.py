@@ -1,4 +1,5 @@
-"""Padding a TrainBatch (sequence-parallel widths, data-parallel lockstep): exact contents, nothing learned from pads."""
+"""Padding a TrainBatch (sequence-parallel widths, data-parallel lockstep): exact contents, nothing learned from
+pads."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ def test_notebook_is_committed_without_outputs():
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
     params = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
-    assert len(params) == 1 and "recipe =" in "".join(params[0]["source"]) and "out_dir =" in "".join(params[0]["source"])
+    assert len(params) == 1 and "recipe =" in "".join(params[0]["source"]) and \
+        "out_dir =" in "".join(params[0]["source"])
 
 
 @pytest.mark.slow
@@ -28,7 +29,8 @@ def test_notebook_runs_on_the_tiny_recipe_and_records_results(tmp_path):
                         kernel_name="python3", cwd=str(repro.REPO_DIR), progress_bar=False)
     results = json.loads((tmp_path / "00_cluster_check.results.json").read_text())
     # the kernel is this interpreter (the venv's), not some other python3 registered globally
-    assert Path(results["python"]).resolve() == Path(sys.executable).resolve() == Path(results["kernel_python"]).resolve()
+    assert Path(results["python"]).resolve() == Path(sys.executable).resolve() == \
+        Path(results["kernel_python"]).resolve()
     assert results["recipe"] == "tiny-cpu" and results["cpu_mode"] is True and results["failed"] is False
     assert results["expected_gpus"] == 0 and "CPU mode" in results["summary"]
     status = {row["check"]: row["status"] for row in results["checks"]}

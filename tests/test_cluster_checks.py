@@ -29,8 +29,8 @@ def amd_cluster_facts(**changes) -> Facts:
         nodes=[NodeFacts(f"node{i}", f"10.0.0.{i + 1}", 8.0, 128.0, "AMD-Instinct-MI308X") for i in range(3)],
         accelerator="rocm", device_count=8, device_name="AMD Instinct MI308X", arch="gfx942", arch_source="torch",
         versions={"python": "3.12.13", "torch": "2.11.0+gitd0c8b1f", "rocm_torch": "7.2.53211", "cuda_torch": None,
-                  "rocm": "7.2.3", "vllm": "0.25.1", "megatron-core": "0.16.0", "transformer-engine": "2.4.0", "ray": "2.56.1",
-                  "transformers": "5.13.1"},
+                  "rocm": "7.2.3", "vllm": "0.25.1", "megatron-core": "0.16.0", "transformer-engine": "2.4.0",
+                  "ray": "2.56.1", "transformers": "5.13.1"},
         lumenrl_path="/workspace/Lumen-RL", lumenrl_commit="b039ba2966b70e234484d6c3086e052f1227c7e1",
         rdma_devices=["rdma0", "rdma1"], rdma_source="/sys/class/infiniband",
         nccl_env={"NCCL_IB_HCA": "rdma0,rdma1", "NCCL_SOCKET_IFNAME": "eth0"},
@@ -83,7 +83,8 @@ def test_amd_recipe_on_a_laptop_fails_the_gpu_count_clearly():
     results = by_name(C.run_checks(AMD, facts))
     assert results["ray"].status == FAIL and "no Ray cluster found" in results["ray"].detail
     assert results["gpu_count"].status == FAIL
-    assert results["gpu_count"].detail.startswith("0 of 24 GPUs") and "`ray status` should report 24 GPUs" in results["gpu_count"].detail
+    assert results["gpu_count"].detail.startswith("0 of 24 GPUs") and \
+        "`ray status` should report 24 GPUs" in results["gpu_count"].detail
     assert results["accelerator"].status == FAIL and "no ROCm GPU visible" in results["accelerator"].detail
 
 
@@ -104,7 +105,8 @@ def test_nodes_need_full_gpu_nodes():
                                       NodeFacts("c", "3", 4.0, 64.0), NodeFacts("d", "4", 4.0, 64.0)])
     assert C.check_gpu_count(AMD, uneven).status == PASS  # 24 GPUs in total...
     result = C.check_nodes(AMD, uneven)
-    assert result.status == FAIL and result.detail.startswith("2 node(s) with >= 8 GPUs, the recipe needs 3")  # ...but not 3 whole nodes
+    # ...but not 3 whole nodes
+    assert result.status == FAIL and result.detail.startswith("2 node(s) with >= 8 GPUs, the recipe needs 3")
     assert C.check_nodes(TINY, laptop_facts()).status == PASS
     assert C.check_nodes(TINY, laptop_facts(nodes=[NodeFacts("local", "127.0.0.1", 0.0, 1.0)])).status == FAIL
 
@@ -147,14 +149,16 @@ def test_versions_come_from_the_recipe_not_the_laptop():
                                       "transformer-engine": None}
     assert expected_versions(TINY)["torch"] == "2.13.0" and expected_versions(TINY)["rocm"] is None
     assert version_matches("2.11.0+gitd0c8b1f", "2.11.0") and version_matches("3.12.13", "3.12")
-    assert version_matches("7.2.3", "7.2") and not version_matches("2.11.0", "2.1") and not version_matches("7.1", "7.2")
+    assert version_matches("7.2.3", "7.2") and not version_matches("2.11.0", "2.1") and \
+        not version_matches("7.1", "7.2")
     # AMD's image (ROCm torch 2.11, Python 3.12, Ray 2.56.1) passes; the laptop's versions would only WARN
     results = by_name(C.run_checks(AMD, amd_cluster_facts()))
     for row in ("python", "rocm", "torch", "ray_version", "transformers", "vllm", "megatron_core", "lumenrl"):
         assert results[row].status == PASS, results[row]
     assert results["torch"].detail == "torch 2.11.0+gitd0c8b1f (ROCm build) = 2.11.0"
     laptop_torch = C.check_torch(AMD, _versions(torch="2.13.0+rocm7.2"))
-    assert laptop_torch.status == WARN and laptop_torch.detail == "torch 2.13.0+rocm7.2, the recipe's cluster runs 2.11.0"
+    assert laptop_torch.status == WARN and \
+        laptop_torch.detail == "torch 2.13.0+rocm7.2, the recipe's cluster runs 2.11.0"
     assert C.check_python(AMD, _versions(python="3.11.7")).status == WARN
     assert C.check_ray_version(AMD, _versions(ray="2.60.0")).status == WARN
     assert C.check_transformers(AMD, _versions(transformers="5.24.0")).status == WARN
@@ -177,7 +181,8 @@ def test_platform_and_backend_versions():
     # megatron's precision-aware optimizer (AMD: offloaded, BF16 moments) cannot be configured without TE
     missing_te = C.check_transformer_engine(AMD, _versions(**{"transformer-engine": None}))
     assert missing_te.status == FAIL and "precision-aware optimizer" in missing_te.detail
-    no_te = load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_cpu_offload=false", "actor.optimizer_moment_dtype=fp32"])
+    no_te = load_recipe("amd-dsv4-flash-mi308x",
+                        ["actor.optimizer_cpu_offload=false", "actor.optimizer_moment_dtype=fp32"])
     assert C.check_transformer_engine(no_te, _versions(**{"transformer-engine": None})).status == SKIP
     assert "recipe: any version" in C.check_megatron(AMD, amd_cluster_facts()).detail
 
@@ -219,7 +224,8 @@ def test_lumenrl_facts_from_a_checkout(tmp_path, monkeypatch):
 def test_rdma_and_rccl_variables():
     assert C.check_rdma(AMD, amd_cluster_facts(rdma_devices=[], rdma_source=None)).status == WARN
     unset = C.check_nccl_env(AMD, amd_cluster_facts(nccl_env={}))
-    assert unset.status == WARN and "NCCL_IB_HCA (e.g. rdma0,rdma1)" in unset.detail and "NCCL_SOCKET_IFNAME" in unset.detail
+    assert unset.status == WARN and "NCCL_IB_HCA (e.g. rdma0,rdma1)" in unset.detail and \
+        "NCCL_SOCKET_IFNAME" in unset.detail
     typo = C.check_nccl_env(AMD, amd_cluster_facts(nccl_env={"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth0"}))
     assert typo.status == FAIL and "mlx5_0" in typo.detail
     port = C.check_nccl_env(AMD, amd_cluster_facts(nccl_env={"NCCL_IB_HCA": "=rdma0:1", "NCCL_SOCKET_IFNAME": "eth0"}))
@@ -258,7 +264,8 @@ def test_dev_shm_for_staging_and_weight_sync():
     assert staged.status == PASS and "2 weight-sync buckets 4.3 GB" in staged.detail
     assert C.check_shm(AMD, amd_cluster_facts(model_staged=False)).status == PASS  # 900 GB free holds 568 GB
     unstaged = C.check_shm(AMD, amd_cluster_facts(model_staged=False, shm_free_bytes=500 * 10**9))
-    assert unstaged.status == FAIL and "the BF16 model to stage 568.0 GB" in unstaged.detail and "--shm-size" in unstaged.fix
+    assert unstaged.status == FAIL and "the BF16 model to stage 568.0 GB" in unstaged.detail and \
+        "--shm-size" in unstaged.fix
     assert C.check_shm(AMD, amd_cluster_facts(shm_total_bytes=None, shm_free_bytes=None)).status == WARN
     assert C.check_shm(TINY, laptop_facts(shm_free_bytes=100 * 10**6)).status == FAIL  # Ray's 512 MiB store
 

@@ -155,8 +155,9 @@ class TestSimulatedAmdCluster:
 
         blocker = placement_group([{"GPU": 4}] * 2, strategy="STRICT_SPREAD")
         assert blocker.wait(30)
-        half = load_recipe(AMD, overrides=[f"cluster.ray_address={amd_cluster.cluster.ray_address}", "actor.num_workers=8",
-                                           "actor.tensor_parallel=2", "actor.expert_parallel=2", "rollout.tensor_parallel=4"])
+        half = load_recipe(AMD, overrides=[f"cluster.ray_address={amd_cluster.cluster.ray_address}",
+                                           "actor.num_workers=8", "actor.tensor_parallel=2", "actor.expert_parallel=2",
+                                           "rollout.tensor_parallel=4"])
         placed = create_placement_groups(plan_placement(half), timeout_s=30)
         try:
             rows = placement_table(placed)
@@ -328,7 +329,8 @@ class TestLocalTinyInstance:
         from repro.groups.ray_groups import RayRolloutGroup
 
         rollout = RayRolloutGroup(start_actor(tiny_placed, ROLLOUT, 0, Echo, ("rollout",)), timeout_s=60)
-        with pytest.raises(WorkerDiedError, match=r"^rollout worker 0 failed during generate: .*rollout cannot generate 1 prompts"):
+        with pytest.raises(WorkerDiedError,
+                           match=r"^rollout worker 0 failed during generate: .*rollout cannot generate 1 prompts"):
             rollout.generate([[1, 2]], None)
         ray.kill(rollout.actor, no_restart=True)
         _wait_until_dead(rollout.actor)  # ray.kill is asynchronous: a call right after it may still be served
@@ -352,7 +354,8 @@ class TestLocalTinyInstance:
             assert rollout.receive_weights(second, 2) == second.source.addresses[0].port
             assert second.source != first.source  # before: the same address, the old group
             third = trainer.send_weights(3)  # after a success the groups are kept
-            assert third.source == second.source and rollout.receive_weights(third, 3) == second.source.addresses[0].port
+            assert third.source == second.source and \
+                rollout.receive_weights(third, 3) == second.source.addresses[0].port
         finally:
             stop_actors([*trainer.ranks, rollout.actor])
 

@@ -6,7 +6,8 @@ from pydantic import BaseModel
 
 from repro.recipes.schema import Recipe
 from repro.errors import RecipeError
-from repro.recipes import RECIPE_DIR, dump_recipe, list_recipes, load_recipe, recipe_file, require_paths, validate_recipe
+from repro.recipes import (RECIPE_DIR, dump_recipe, list_recipes, load_recipe, recipe_file, require_paths,
+                           validate_recipe)
 
 
 def test_every_committed_recipe_loads():
@@ -129,17 +130,22 @@ AMD_FILE = recipe_file("amd-dsv4-flash-mi308x")
         ("optim.lr=abc", "optim.lr: Input should be a valid number (got str 'abc')"),
         ("routing_replay.enabled=yes please", "routing_replay.enabled: Input should be a valid boolean"),
         ("rollout.fp8_format=e5m2", "rollout.fp8_format: Input should be 'auto', 'e4m3fn' or 'e4m3fnuz'"),
-        ("actor.tensor_parallel=3", "actor.num_workers: 16 workers is not TP x PP x DP for TP=3, PP=4 (needs a multiple of 12)"),
+        ("actor.tensor_parallel=3",
+         "actor.num_workers: 16 workers is not TP x PP x DP for TP=3, PP=4 (needs a multiple of 12)"),
         ("actor.expert_parallel=3", "actor.expert_parallel: EP=3 does not divide model.num_routed_experts=256"),
-        ("actor.expert_parallel=32", "actor.expert_parallel: EP=32 x ETP=1 x PP=4 = 128 does not divide actor.num_workers=16"),
+        ("actor.expert_parallel=32",
+         "actor.expert_parallel: EP=32 x ETP=1 x PP=4 = 128 does not divide actor.num_workers=16"),
         ("rollout.tensor_parallel=16", "rollout.tensor_parallel: TP=16 spans more than one node"),
-        ("actor.num_workers=24", "actor.num_workers: 24 one-GPU workers do not fit on actor.nodes=2 x cluster.gpus_per_node=8"),
+        ("actor.num_workers=24",
+         "actor.num_workers: 24 one-GPU workers do not fit on actor.nodes=2 x cluster.gpus_per_node=8"),
         ("lengths.max_response=16384", "lengths.max_response: 16384 leaves no room for a prompt"),
-        ("algorithm.responses_per_prompt=1", "algorithm.responses_per_prompt: Input should be greater than or equal to 2"),
+        ("algorithm.responses_per_prompt=1",
+         "algorithm.responses_per_prompt: Input should be greater than or equal to 2"),
         ("optim.betas=[0.9]", "optim.betas: List should have at least 2 items"),
         ("optim.betas=[0.9, 1.5]", "optim.betas: each beta must be in [0, 1)"),
         ("data.train.path=null", "data.train: path: required for kind 'dapo_math'"),
-        ("rollout_correction.threshold=0.5", "rollout_correction.threshold: Input should be greater than or equal to 1"),
+        ("rollout_correction.threshold=0.5",
+         "rollout_correction.threshold: Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_recipe_names_the_field(override, expected):
@@ -158,8 +164,8 @@ def test_override_values_read_as_a_person_means_them_and_misspelt_keys_get_the_n
     assert (recipe.optim.lr, recipe.optim.eps, recipe.steps) == (1e-6, 2e-3, 5)
     with pytest.raises(RecipeError, match=r"optim.lrr: unknown key \(not in the recipe schema\); did you mean lr\?"):
         load_recipe("tiny-cpu", ["optim.lrr=1"])
-    with pytest.raises(RecipeError, match=r"^override 'steps=-1' \(on .*tiny-cpu.yaml\): invalid recipe\n  steps: Input should "
-                                          r"be greater than or equal to 1"):
+    with pytest.raises(RecipeError, match=r"^override 'steps=-1' \(on .*tiny-cpu.yaml\): invalid recipe\n  "
+                                          r"steps: Input should be greater than or equal to 1"):
         load_recipe("tiny-cpu", steps=-1)  # a notebook's `-p steps -1`
 
 

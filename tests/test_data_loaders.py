@@ -113,7 +113,8 @@ def malformed_jsonl_rows():
     extra_is_list = {**dapo_row(PROBLEMS[1], "2", 6), "extra_info": [1]}
     empty_problem = dapo_row("   ", "2", 7)
     other = dapo_row(PROBLEMS[2], "3", 8)
-    bad = [no_answer, empty_prompt, prompt_is_string, answer_is_list, no_source, extra_is_list, "{not json", empty_problem]
+    bad = [no_answer, empty_prompt, prompt_is_string, answer_is_list, no_source, extra_is_list, "{not json",
+           empty_problem]
     return [good, *bad, other]
 
 
@@ -164,7 +165,8 @@ def test_parquet_null_answer_empty_prompt_and_missing_column(tmp_path):
     no_column = write_parquet(tmp_path / "nocol.parquet", without_answers)
     with pytest.raises(DataError, match=r"nocol\.parquet: row 0: field 'reward_model' is missing"):
         load_dapo_math(no_column, on_malformed="fail")
-    with pytest.raises(DataError, match=r"nocol\.parquet: no usable rows \(8 read, 8 malformed\); first malformed: .*row 0"):
+    with pytest.raises(DataError,
+                       match=r"nocol\.parquet: no usable rows \(8 read, 8 malformed\); first malformed: .*row 0"):
         load_dapo_math(no_column, on_malformed="skip")
 
 
@@ -174,7 +176,8 @@ def test_aime_simple_layout_parquet_with_integer_answers(tmp_path):
     assert loaded.stats.layout == "simple"
     assert (loaded.stats.kept, loaded.stats.duplicates_dropped) == (30, 0)
     first = loaded.problems[0]
-    assert (first.uid, first.problem, first.ground_truth, first.data_source) == ("60", "AIME problem 0", "100", "aime2024")
+    assert (first.uid, first.problem, first.ground_truth, first.data_source) == \
+        ("60", "AIME problem 0", "100", "aime2024")
     assert first.prompt_messages == () and dict(first.extra_info) == {"id": 60, "url": "u"}
 
 
@@ -190,7 +193,8 @@ def test_aime_simple_layout_malformed_answer(tmp_path):
     rows = [{"problem": "P1", "answer": 1}, {"problem": "P2", "answer": True}, {"problem": "P3"}]
     path = write_jsonl(tmp_path / "aime_bad.jsonl", rows)
     assert [(m.row, m.field) for m in load_aime2024(path).stats.first_malformed] == [(1, "answer"), (2, "answer")]
-    with pytest.raises(DataError, match=r"aime_bad\.jsonl: row 1: field 'answer' must be a string or an integer, got bool"):
+    with pytest.raises(DataError,
+                       match=r"aime_bad\.jsonl: row 1: field 'answer' must be a string or an integer, got bool"):
         load_aime2024(path, on_malformed="fail")
 
 
@@ -223,7 +227,8 @@ def test_rendering_round_trips_the_stored_prompt(tmp_path):
     assert render_prompt(problem) == DAPO_PREFIX + "Compute $\\frac{6}{3}$." + DAPO_SUFFIX
     assert render_prompt(problem, RAW_PROMPT_TEMPLATE) == "Compute $\\frac{6}{3}$."
     assert render_prompt(problem, "Q: {problem} \\boxed{}") == "Q: Compute $\\frac{6}{3}$. \\boxed{}"
-    with_system = dataclasses.replace(problem, prompt_messages=(ChatMessage("system", "be brief"), *problem.prompt_messages))
+    with_system = dataclasses.replace(problem,
+                                      prompt_messages=(ChatMessage("system", "be brief"), *problem.prompt_messages))
     assert render_messages(with_system, RAW_PROMPT_TEMPLATE) == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "Compute $\\frac{6}{3}$."},

@@ -73,7 +73,8 @@ def test_a_fault_setting_that_is_not_an_update_number_is_refused(monkeypatch, va
 def test_a_lone_gpu_trainer_rank_joins_a_one_rank_nccl_world_on_its_gpu(monkeypatch):
     """megatron's model-parallel groups need a process group even for one rank; Ray starts a lone rank with no
     rendezvous variables, and before, on a GPU, nothing made one ("torch.distributed is not initialised"). STAND-IN:
-    torch's CUDA and process-group calls are recorded, not made (no GPU here); the CPU lane's lone rank is the shim's."""
+    torch's CUDA and process-group calls are recorded, not made (no GPU here); the CPU lane's lone rank is the
+    shim's."""
     import torch.distributed as dist
 
     from repro.train.megatron import parallel

@@ -47,7 +47,8 @@ def test_state_round_trip_is_bit_exact(tiny_state):
     assert torch.equal(fc1, state[f"model.layers.{layer}.mlp.experts.gate_up_proj"][3])
     assert fc1.shape == (2 * config.moe_intermediate_size, config.hidden_size)
     shared = megatron[f"decoder.layers.{layer}.mlp.shared_experts.linear_fc1.weight"]
-    assert torch.equal(shared[: shared.shape[0] // 2], state[f"model.layers.{layer}.mlp.shared_experts.gate_proj.weight"])
+    assert torch.equal(shared[: shared.shape[0] // 2],
+                       state[f"model.layers.{layer}.mlp.shared_experts.gate_proj.weight"])
     assert megatron["decoder.layers.0.mlp.router.tid2eid"].dtype == torch.int64
     assert "decoder.layers.1.self_attention.indexer.linear_weights_proj.weight" in megatron
     back = megatron_state_to_hf(megatron)
@@ -79,7 +80,8 @@ def test_lumenrl_norm_aliases_and_the_release_export(tiny_state):
 
     state, _ = tiny_state
     megatron = hf_state_to_megatron(state, norm_aliases=True)
-    q_alias, kv_alias = "decoder.layers.2.self_attention.q_norm._norm.weight", "decoder.layers.2.self_attention.kv_norm._norm.weight"
+    q_alias, kv_alias = ("decoder.layers.2.self_attention.q_norm._norm.weight",
+                         "decoder.layers.2.self_attention.kv_norm._norm.weight")
     assert torch.equal(megatron[q_alias], state["model.layers.2.self_attn.q_a_norm.weight"])
     assert megatron_to_hf(kv_alias) == ["model.layers.2.self_attn.kv_norm.weight"]
     assert len(megatron) == len(hf_state_to_megatron(state)) + len(NORM_ALIASES) * 4  # two aliases per layer

@@ -116,7 +116,8 @@ def test_release_export_round_trips_through_repros_loader(run_dir, resumed, tmp_
     assert served.layout == layouts.DEEPSEEK and served.mtp == []
     assert {n: s.shape for n, s in served.tensors.items()} == {n: s.shape for n, s in source.synced.items()}
     for name, spec in served.tensors.items():
-        want = torch.int64 if name.endswith("tid2eid") else torch.float32 if layouts.keeps_fp32(name) else torch.bfloat16
+        want = (torch.int64 if name.endswith("tid2eid")
+                else torch.float32 if layouts.keeps_fp32(name) else torch.bfloat16)
         assert spec.dtype == want, name
     config = json.loads((out / "config.json").read_text())
     assert config["num_nextn_predict_layers"] == 0 and config["torch_dtype"] == "bfloat16"
@@ -176,7 +177,8 @@ def test_model_card_states_recipe_step_and_headline_numbers(run_dir, tmp_path):
 
 
 def test_missing_incomplete_and_existing_are_refused_by_name(run_dir, tmp_path, capsys):
-    with pytest.raises(CheckpointError, match=r"step_000002 does not exist \(complete checkpoints of this run: steps \[3\]\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"step_000002 does not exist \(complete checkpoints of this run: steps \[3\]\)"):
         export_run(run_dir, tmp_path / "a", step=2)
     broken = tmp_path / "broken"
     subprocess.run(["cp", "-r", str(run_dir), str(broken)], check=True)
@@ -199,7 +201,8 @@ def test_missing_incomplete_and_existing_are_refused_by_name(run_dir, tmp_path, 
     state = step3 / "trainer" / "trainer_state.json"
     state.write_text(json.dumps({**json.loads(state.read_text()), "backend": "megatron"}))
     seal_checkpoint(step3, 3)
-    with pytest.raises(CheckpointError, match=r"Megatron trainer state \(megatron-core dist_checkpointing.*\).*embedded trainer's"):
+    with pytest.raises(CheckpointError,
+                       match=r"Megatron trainer state \(megatron-core dist_checkpointing.*\).*embedded trainer's"):
         export_run(broken, tmp_path / "a")
     for rank in (0, 1):  # a Megatron world of two: one state folder per rank, nothing at the top
         (step3 / "trainer" / f"rank-{rank:05d}").mkdir()

@@ -103,7 +103,8 @@ def test_non_finite_inputs_fall_back_to_the_torch_ops(monkeypatch):
     kv = _kv_entries(1)
     kv[1, 1, 7] = float("inf")
     assert forward_ops.kv_round_trip(kv, 64, 64, 1e-4, 448.0) is None
-    assert torch.equal(kv_cache_round_trip(kv, 64).isnan(), _torch_ops(monkeypatch, kv_cache_round_trip, kv, 64).isnan())
+    assert torch.equal(kv_cache_round_trip(kv, 64).isnan(),
+                       _torch_ops(monkeypatch, kv_cache_round_trip, kv, 64).isnan())
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -175,7 +176,8 @@ def test_tiny_model_training_gradients_are_the_same_bits_with_the_kernels(monkey
 
     calls = []
     original = forward_ops._Sinkhorn.backward
-    monkeypatch.setattr(forward_ops._Sinkhorn, "backward", staticmethod(lambda ctx, g: calls.append(1) or original(ctx, g)))
+    monkeypatch.setattr(forward_ops._Sinkhorn, "backward",
+                        staticmethod(lambda ctx, g: calls.append(1) or original(ctx, g)))
     fast, slow = grads(), _torch_ops(monkeypatch, grads)
     assert len(calls) == 2 * 4  # the kernel's backward ran: two hyper-connections in each of the 4 layers
     assert fast.keys() == slow.keys() and any("hc" in name or "hyper" in name for name in fast)

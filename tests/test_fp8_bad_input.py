@@ -23,7 +23,8 @@ def _tensors(seed):
 
 def make_checkpoint(path, shards=None, config=CONFIG, index=True):
     """A small two-shard BF16 checkpoint folder; `shards` maps file name -> {tensor name: tensor}."""
-    shards = shards or {"model-00001-of-00002.safetensors": _tensors(0), "model-00002-of-00002.safetensors": _tensors(1)}
+    shards = shards or {"model-00001-of-00002.safetensors": _tensors(0),
+                        "model-00002-of-00002.safetensors": _tensors(1)}
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
     weight_map = {}

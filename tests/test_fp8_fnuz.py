@@ -170,9 +170,11 @@ def test_fp8_weight_without_a_scale_and_fp4_experts_are_refused(tmp_path):
     fp4 = tmp_path / "fp4"
     fp4.mkdir()
     (fp4 / "config.json").write_text(json.dumps(config))  # expert_dtype claims fp8, the tensors say otherwise
-    save_file({"layers.1.ffn.experts.0.w1.weight": packed.view(torch.int8), "layers.1.ffn.experts.0.w1.scale": fp4_scale},
+    save_file({"layers.1.ffn.experts.0.w1.weight": packed.view(torch.int8),
+               "layers.1.ffn.experts.0.w1.scale": fp4_scale},
               fp4 / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"w1.weight holds MXFP4.*gfx942.*gfx950.*RedHatAI/DeepSeek-V4-Flash-BF16"):
+    with pytest.raises(CheckpointError,
+                       match=r"w1.weight holds MXFP4.*gfx942.*gfx950.*RedHatAI/DeepSeek-V4-Flash-BF16"):
         convert_checkpoint(fp4, tmp_path / "out", ConvertOptions(fmt="e4m3fnuz", progress=False))
     (fp4 / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "expert_dtype"}))
     with pytest.raises(CheckpointError, match=r"expert_dtype absent, which vLLM reads as fp4\) holds MXFP4"):

@@ -113,7 +113,8 @@ def test_non_finite_input_is_refused(bad):
 
 def test_a_failed_build_names_the_compiler_and_falls_back(monkeypatch, tmp_path):
     fake = tmp_path / "fakecc"
-    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\necho 'fakecc: no such flag' >&2\nexit 1\n")
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\n"
+                    "echo 'fakecc: no such flag' >&2\nexit 1\n")
     fake.chmod(0o755)
     with pytest.raises(RuntimeError, match=r"fakecc could not build .*quantize_bf16\.c: fakecc: no such flag"):
         fused.build(cc=str(fake), directory=tmp_path / "cache")
@@ -173,7 +174,8 @@ def test_reading_by_slab_equals_reading_whole_tensors(monkeypatch, tmp_path):
 def test_a_compiler_without_march_native_gets_a_portable_build(tmp_path):
     real = fused._compiler()
     picky = tmp_path / "pickycc"
-    picky.write_text(f"#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -march=native ] && {{ echo 'unknown -march' >&2; exit 1; }}; done\n"
+    picky.write_text("#!/bin/sh\n"
+                     "for a in \"$@\"; do [ \"$a\" = -march=native ] && { echo 'unknown -march' >&2; exit 1; }; done\n"
                      f"exec {real} \"$@\"\n")
     picky.chmod(0o755)
     path = fused.build(cc=str(picky), directory=tmp_path / "cache")

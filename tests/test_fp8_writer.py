@@ -84,7 +84,8 @@ def test_short_direct_writes_continue_correctly(tmp_path, monkeypatch):
     crc, _ = _write(tmp_path / "short.safetensors", direct=True)
     monkeypatch.setattr(sio.os, "write", real_write)
     crc_ref, _ = _write(tmp_path / "ref.safetensors", direct=False)
-    assert crc == crc_ref and (tmp_path / "short.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    assert crc == crc_ref and \
+        (tmp_path / "short.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
 
 
 def test_a_write_error_surfaces_and_abort_closes_the_file(tmp_path, monkeypatch):

@@ -97,7 +97,8 @@ def test_a_resume_continues_on_the_bf16_gemm_path_the_run_took(run, capsys):
     following that advice passes the resume's recipe check (the field may change) and records the change."""
     import json
 
-    saved = json.loads((run / "checkpoints" / "step_000002" / "trainer" / "trainer_state.json").read_text())["bf16_gemm"]
+    saved = json.loads(
+        (run / "checkpoints" / "step_000002" / "trainer" / "trainer_state.json").read_text())["bf16_gemm"]
     other = {"native": "fp32", "fp32": "native"}[saved]
     before = tree(run)
     said = refused(capsys, *resume("--run-dir", run, "--steps", "3", "--set", f"actor.bf16_gemm={other}"))

@@ -15,7 +15,9 @@ from repro.analysis.importers import collapse_mirrors, frames_from_table, read_v
 DATA = Path(__file__).parent / "data"
 
 HISTORY = """\
-,_step,_runtime,_timestamp,training/global_step,critic/score/mean,response_length/mean,timing_s/gen,timing_s/update_actor,perf/throughput,rollout_corr/kl,val-core/aime_2024/acc/mean@8,val-aux/aime_2024/reward/mean@8,custom/thing
+,_step,_runtime,_timestamp,training/global_step,critic/score/mean,response_length/mean,timing_s/gen,\
+timing_s/update_actor,perf/throughput,rollout_corr/kl,val-core/aime_2024/acc/mean@8,val-aux/aime_2024/reward/mean@8,\
+custom/thing
 0,0,12.0,1.7e9,,,,,,,,0.3,-0.4,
 1,1,60.0,1.7e9,1,-0.1,100,20.0,5.0,950.5,0.41,,,7
 2,2,110.0,1.7e9,2,0.2,120,24.0,5.5,990.0,0.47,0.35,-0.3,8
@@ -141,8 +143,10 @@ def test_panel_exports_with_min_max_and_a_custom_x_axis():
     assert frames.train["reward/accuracy"].tolist() == [0.41, 0.42, 0.43, 0.44, 0.465, 0.485, 0.505]
     assert frames.train.loc[[1, 2], "rollout_corr/kl"].tolist() == [0.0021, -0.0007]
     assert math.isnan(frames.train.loc[3, "rollout_corr/kl"])  # step 3 is only in the reward panel
-    assert frames.train.loc[4, "rollout_corr/kl"] == 0.0007 and frames.train.loc[10, "rollout_corr/rollout_is_eff_sample_size"] == 0.85
-    assert sorted(frames.train.columns) == ["reward/accuracy", "rollout_corr/kl", "rollout_corr/rollout_is_eff_sample_size"]
+    assert frames.train.loc[4, "rollout_corr/kl"] == 0.0007 and \
+        frames.train.loc[10, "rollout_corr/rollout_is_eff_sample_size"] == 0.85
+    assert sorted(frames.train.columns) == \
+        ["reward/accuracy", "rollout_corr/kl", "rollout_corr/rollout_is_eff_sample_size"]
     assert frames.label == "wandb" and frames.kind == "wandb"
 
 
@@ -192,5 +196,6 @@ def test_the_first_synonym_present_wins_and_the_others_keep_their_names():
     table = pd.DataFrame({"step": [1, 2], "timing_s/gen": [10.0, 11.0], "timing/gen_s": [9.0, 9.5],
                           "reward/accuracy": [0.5, 0.6]})
     frames = frames_from_table(table, Path("x.jsonl"))
-    assert frames.train["timing_s/rollout"].tolist() == [10.0, 11.0] and frames.origin("timing_s/rollout") == "timing_s/gen"
+    assert frames.train["timing_s/rollout"].tolist() == [10.0, 11.0] and \
+        frames.origin("timing_s/rollout") == "timing_s/gen"
     assert frames.train["timing/gen_s"].tolist() == [9.0, 9.5]

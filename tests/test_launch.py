@@ -59,7 +59,8 @@ def test_mapping_with_data_parallel_and_default_expert_tp():
 
 
 def test_layouts_that_do_not_divide_are_named():
-    with pytest.raises(LaunchError, match=r"16 trainer ranks are not divisible by tensor_parallel \* context_parallel \* pipeline_parallel = 12"):
+    with pytest.raises(LaunchError, match=r"16 trainer ranks are not divisible by "
+                                          r"tensor_parallel \* context_parallel \* pipeline_parallel = 12"):
         parallel_sizes(16, tp=4, pp=3)
     with pytest.raises(LaunchError, match="expert_tensor_parallel \\* expert_parallel \\* pipeline_parallel = 32"):
         parallel_sizes(16, tp=4, pp=4, ep=8, etp=1)
@@ -69,7 +70,8 @@ def test_layouts_that_do_not_divide_are_named():
 
 def test_worker_arguments_follow_the_recipe():
     args = trainer_worker_args(load_recipe(AMD), master_addr="10.0.0.1")
-    assert [a["local_rank"] for a in args] == list(range(8)) * 2 and [a["trainer_node"] for a in args] == [0] * 8 + [1] * 8
+    assert [a["local_rank"] for a in args] == list(range(8)) * 2 and \
+        [a["trainer_node"] for a in args] == [0] * 8 + [1] * 8
     assert {a["world_size"] for a in args} == {16} and {a["master_addr"] for a in args} == {"10.0.0.1"}
 
 
@@ -133,9 +135,11 @@ def test_launch_without_backends_stops_naming_them(monkeypatch):
     # path, which megatron-core 0.16.1 cannot configure without TE
     assert len(missing_backends(load_recipe(AMD))) == 3
     assert missing_backends(load_recipe("tiny-cpu")) == []  # embedded backends: nothing to find
-    with pytest.raises(LaunchError, match=r"missing megatron-core, the Megatron trainer backend's library .*module megatron.core.*"
+    with pytest.raises(LaunchError, match=r"missing megatron-core, the Megatron trainer backend's library "
+                                          r".*module megatron.core.*"
                                           r"missing vLLM, the rollout engine's library .*module vllm.*"
-                                          r"missing Transformer Engine, .*precision-aware optimizer.*module transformer_engine"):
+                                          r"missing Transformer Engine, .*precision-aware optimizer.*"
+                                          r"module transformer_engine"):
         _launch(["--recipe", AMD])
     no_te = ["actor.optimizer_cpu_offload=false", "actor.optimizer_moment_dtype=fp32"]
     assert len(missing_backends(load_recipe(AMD, no_te))) == 2
@@ -152,18 +156,20 @@ def test_launch_with_backends_but_no_dsv4_model_provider_names_the_field(monkeyp
 
     monkeypatch.setattr(launch_module, "module_available", lambda name: True)
     assert missing_backends(load_recipe(AMD)) == []
-    with pytest.raises(LaunchError, match=r"^recipe amd-dsv4-flash-mi308x cannot be launched from here: actor.model_provider "
-                                          r"is not set: megatron-core has no DeepSeek-V4 layers"):
+    with pytest.raises(LaunchError, match=r"^recipe amd-dsv4-flash-mi308x cannot be launched from here: "
+                                          r"actor.model_provider is not set: megatron-core has no DeepSeek-V4 layers"):
         _launch(["--recipe", AMD])
     assert launch_blockers(load_recipe(AMD, ["actor.model_provider=lumenrl.models:dsv4_provider"])) == []
-    assert launch_blockers(load_recipe(AMD, ["rollout.num_replicas=2", "cluster.num_nodes=4", "actor.model_provider=m:f"])) == [
+    assert launch_blockers(load_recipe(AMD, ["rollout.num_replicas=2", "cluster.num_nodes=4",
+                                             "actor.model_provider=m:f"])) == [
         "rollout.num_replicas=2: one rollout replica is started"]
 
 
 def test_dry_run_without_a_cluster_prints_the_unplaced_plan_and_fails(capsys):
     from repro.cluster import ClusterError
 
-    with pytest.raises(ClusterError, match="dry run: the plan above could not be placed: .*could not join the Ray cluster at '127.0.0.1:1'") as err:
+    with pytest.raises(ClusterError, match="dry run: the plan above could not be placed: "
+                                           ".*could not join the Ray cluster at '127.0.0.1:1'") as err:
         _launch(["--recipe", AMD, "--dry-run", "--set", "cluster.ray_address=127.0.0.1:1"])
     out = capsys.readouterr().out
     assert out.count("(not placed)") == 17 and "tensor_parallel_size = 8" in out and "--simulate" in str(err)

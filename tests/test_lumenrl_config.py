@@ -209,8 +209,9 @@ def test_other_recipe_values_map_to_lumenrls_words():
     recipe = load_recipe(AMD, ON_LUMENRL + ["rollout.weight_format=bf16", "actor.recompute=none", "steps=20",
                                             "eval.every_steps=30", "weight_sync.quantize_on=trainer",
                                             "weight_sync.timeout_s=90.5", "rollout_correction.mode=sequence",
-                                            "actor.num_workers=12", "actor.tensor_parallel=2", "actor.expert_parallel=2",
-                                            "actor.pipeline_parallel=2", "actor.num_layers_in_first_pipeline_stage=22",
+                                            "actor.num_workers=12", "actor.tensor_parallel=2",
+                                            "actor.expert_parallel=2", "actor.pipeline_parallel=2",
+                                            "actor.num_layers_in_first_pipeline_stage=22",
                                             "actor.num_layers_in_last_pipeline_stage=21"])
     s = recipe_settings(recipe)
     assert (s["policy.training.megatron_cfg.num_layers_in_first_pipeline_stage"],
@@ -280,7 +281,8 @@ def test_the_written_config_says_where_lumenrl_ignores_the_recipe(tmp_path):
     # conventions LumenRL's code fixes: a recipe asking for verl's cannot be run by it
     (ON_LUMENRL + ["rollout.logprobs_mode=processed"], "rollout.logprobs_mode: LumenRL passes no logprobs_mode"),
     (ON_LUMENRL + ["algorithm.clip_ratio_c=3.0"], "algorithm.clip_ratio_c: LumenRL's GRPO loss on the Megatron path"),
-    (ON_LUMENRL + ["algorithm.adv_std=sample"], "algorithm.adv_std: LumenRL's grpo estimator divides by the population"),
+    (ON_LUMENRL + ["algorithm.adv_std=sample"],
+     "algorithm.adv_std: LumenRL's grpo estimator divides by the population"),
     (ON_LUMENRL + ["reward.boxed_fallback=false"], "reward.boxed_fallback: LumenRL's reward always scores"),
     (ON_LUMENRL + ["data.train.dedupe=true"], "data.train.dedupe: LumenRL reads every row"),
     (ON_LUMENRL + ["optim.weight_decay_rule=all"], "optim.weight_decay_rule: LumenRL's engine builds megatron's"),

@@ -45,7 +45,8 @@ def test_lumenrl_keys_map_onto_ours(log):
     assert train["perf/rollout_tokens_per_s"].tolist() == [300.0 + n for n in range(1, 13)]  # throughput/gen_tok_per_s
     assert log.origin("perf/rollout_tokens_per_s") == "throughput/gen_tok_per_s"
     assert log.origin("timing_s/rollout") == "timing_s/gen" and train.loc[2, "timing_s/rollout"] == 202.0
-    assert log.origin("timing_s/update") == "timing_s/update_actor" and log.origin("timing_s/sync") == "timing_s/update_weights"
+    assert log.origin("timing_s/update") == "timing_s/update_actor" and \
+        log.origin("timing_s/sync") == "timing_s/update_weights"
     # LumenRL's own names stay beside ours when ours came from the verl-style key
     assert train.loc[2, "timing/gen_s"] == 202.0 and train.loc[2, "seq/mean_response_len"] == 1020.0
     # LumenRL's k3 is another estimator: kept under its own name, never poured into rollout_corr/k3_kl
@@ -71,7 +72,8 @@ def test_the_wandb_export_of_the_same_run_reads_to_the_same_frames(log):
     assert not [c for c in export.train.columns if c.startswith(("train/", "core/"))]
     assert "val/generations" not in export.eval.columns and "val/generations" in export.notes[0]
     shared = sorted((set(export.train.columns) & set(log.train.columns)))
-    assert len(shared) == len(log.train.columns) and not set(export.train.columns) - set(shared) - {"_runtime", "_timestamp"}
+    assert len(shared) == len(log.train.columns) and \
+        not set(export.train.columns) - set(shared) - {"_runtime", "_timestamp"}
     np.testing.assert_allclose(export.train[shared].to_numpy(float), log.train.loc[1:10, shared].to_numpy(float),
                                rtol=5e-6, equal_nan=True)
     pd.testing.assert_frame_equal(export.eval[log.eval.columns], log.eval, check_exact=False, rtol=5e-6)

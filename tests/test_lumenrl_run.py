@@ -108,7 +108,8 @@ def test_a_crashed_run_resumes_from_lumenrls_checkpoint_and_streams_every_step(s
                                                                                   (8, pytest.approx(0.38))]
     assert (run_dir / "metrics.parquet").is_file()
     log = (run_dir / "logs" / "lumenrl.log").read_text()
-    assert log.count("=== repro: starting LumenRL") == 2 and "=== exit=1 ===" in log and log.endswith("=== exit=0 ===\n")
+    assert log.count("=== repro: starting LumenRL") == 2 and "=== exit=1 ===" in log and \
+        log.endswith("=== exit=0 ===\n")
     assert any("resuming from step 4" in line for line in said)
     again = plan_run(recipe, run_dir, resume="auto")
     assert again.finished and "the run is finished" in again.describe()
@@ -174,7 +175,8 @@ def test_a_group_an_earlier_launch_left_is_ended_by_pid_and_start_time_only(stan
     process = _start(checkout, tmp_path, "left")
     record = tmp_path / "process.json"
     launch.record_process(record, process)
-    assert json.loads(record.read_text())["command"][:3] == [sys.executable, "-u", "-m"]  # LumenRL's, not the launcher's
+    # LumenRL's, not the launcher's
+    assert json.loads(record.read_text())["command"][:3] == [sys.executable, "-u", "-m"]
     ended = launch.end_recorded_process(record, grace_s=20)
     assert ended.startswith(f"{process.pid} (") and process.popen.wait(timeout=20) == 0 and not record.exists()
     # a record whose start time does not match (a recycled pid: here, this very test process) touches nothing

@@ -65,7 +65,8 @@ def test_amd_recipe_fits_its_mi308x_and_without_offload_is_flagged_naming_the_fi
     assert 18.2e9 < budget.stages[0].parameters < 18.3e9  # the embedding's stage: 284B / 16 = 17.75B on average
     assert all(s.device_total < 192e9 for s in budget.stages)
     # the case: fp32 masters and moments on the device, 12 bytes x ~18 B parameters per rank
-    on_device = load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_cpu_offload=false", "actor.optimizer_moment_dtype=fp32"])
+    on_device = load_recipe("amd-dsv4-flash-mi308x",
+                            ["actor.optimizer_cpu_offload=false", "actor.optimizer_moment_dtype=fp32"])
     flagged = memory_budget(on_device)
     assert flagged.stages[0].device["optimizer state"] == 12 * flagged.stages[0].parameters  # DP 1: owns all it holds
     assert 210e9 < flagged.stages[0].device["optimizer state"] < 220e9
@@ -81,7 +82,8 @@ def test_who_steps_the_optimizer_decides_its_bytes():
 
     assert per_param(amd) == (4, 4, 8, 4)  # megatron-core 0.16.1: offloaded moments stay fp32
     assert per_param(load_recipe("tiny-cpu")) == (4, 8, 8, 0)  # bf16 weights (AMD's actor), fp32 masters beside
-    assert per_param(load_recipe("tiny-cpu", ["actor.dtype=fp32"])) == (0, 8, 8, 0)  # fp32 weights are their own masters
+    # fp32 weights are their own masters
+    assert per_param(load_recipe("tiny-cpu", ["actor.dtype=fp32"])) == (0, 8, 8, 0)
     with pytest.raises(RecipeError, match="actor.optimizer_moment_dtype: 'bf16' needs the Megatron backend"):
         load_recipe("tiny-cpu", ["actor.optimizer_moment_dtype=bf16"])
 

@@ -48,7 +48,8 @@ def test_each_fault_touches_only_its_tensors(weights):
     assert names == {"model.layers.0.mlp.gate.tid2eid"} and differ == sorted(names)
     stale = {k: v.clone() for k, v in build_tiny_model(1).state_dict().items()}
     names, differ = changed(mf.Fault("x", stale_experts=True), stale=stale)
-    assert names == set(differ) and {n.split(".mlp.")[1] for n in names} == {"experts.gate_up_proj", "experts.down_proj"}
+    assert names == set(differ) and \
+        {n.split(".mlp.")[1] for n in names} == {"experts.gate_up_proj", "experts.down_proj"}
 
 
 def test_a_fault_that_touches_nothing_is_refused(weights):

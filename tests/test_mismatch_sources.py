@@ -49,11 +49,13 @@ def test_tables_average_seeds_and_weight_buckets_by_tokens():
                 **{f"r3_{r3}/{k}": float(s + i) for r3, _ in ms.R3_SETTINGS for k, _ in ms.SUMMARY_KEYS}}
                for i, c in enumerate(ms.CONFIGS) for s in (0, 1)]
     frame = ms.summary_frame(summary)
-    assert list(frame["config"]) == [c.label for c in ms.CONFIGS for _ in (0, 1)] and list(frame["r3"][:2]) == ["on", "off"]
+    assert list(frame["config"]) == [c.label for c in ms.CONFIGS for _ in (0, 1)] and \
+        list(frame["r3"][:2]) == ["on", "off"]
     assert frame.loc[2, "k1"] == 1.5 and frame.loc[0, "routing_flip"] == pytest.approx(0.05)
     positions = [{"config": "+ W8A8", "seed": 0, "r3": "on", "start": 0, "end": 32, "tokens": 3, "k1": 1.0, "k3": 0.0},
                  {"config": "+ W8A8", "seed": 1, "r3": "on", "start": 0, "end": 32, "tokens": 1, "k1": 5.0, "k3": 0.0},
-                 {"config": "+ W8A8", "seed": 1, "r3": "off", "start": 0, "end": 32, "tokens": 1, "k1": 99.0, "k3": 0.0}]
+                 {"config": "+ W8A8", "seed": 1, "r3": "off", "start": 0, "end": 32, "tokens": 1, "k1": 99.0,
+                  "k3": 0.0}]
     assert ms.position_frame(positions, "k1").loc[0, "+ W8A8"] == 2.0  # (3 * 1 + 1 * 5) / 4, R3 off left out
 
 
@@ -80,7 +82,8 @@ def test_notebook_records_what_the_library_measures(tmp_path):
     assert results["decode_gap"] == expected["decode_gap"]
     assert [r["config"] for r in results["summary_rows"]] == [c.label for c in ms.CONFIGS]
     tokens = results["summary_rows"][0]["tokens"]
-    assert sum(r["tokens"] for r in results["position_rows"] if r["config"] == "weights only" and r["r3"] == "on") == tokens
+    assert sum(r["tokens"] for r in results["position_rows"]
+               if r["config"] == "weights only" and r["r3"] == "on") == tokens
     assert results["summary"] == ms.summary_frame(expected["summary"]).to_dict(orient="records")
     assert (tmp_path / "figures" / "mismatch_by_position.svg").is_file()
     # the attribution and fault sections (issue 31): what the library gives, each row the one it names

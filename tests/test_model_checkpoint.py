@@ -47,7 +47,8 @@ def test_auto_classes_load_the_folder_like_a_hub_model(saved):
     assert type(model).__name__ == "DeepseekV4ForCausalLM"
     ids = tokenizer("37+05=").input_ids
     assert ids[0] == tokenizer.bos_token_id and len(ids) == 7
-    assert tokenizer.decode(tokenizer("Answer: 42").input_ids + [tokenizer.eos_token_id], skip_special_tokens=True) == "Answer: 42"
+    assert tokenizer.decode(tokenizer("Answer: 42").input_ids + [tokenizer.eos_token_id],
+                            skip_special_tokens=True) == "Answer: 42"
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (0, 1, 2)
 
 

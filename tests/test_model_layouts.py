@@ -162,7 +162,8 @@ def test_names_travel_through_the_embedded_lane_and_fp32_arrives_as_fp32(release
     assert not any(n.startswith("mtp.") for n in names)
     spec = served_from_folder(release).tensors
     assert all(t.dtype == spec[n].dtype and tuple(t.shape) == spec[n].shape for n, t in weights)
-    apply_stream(engine, pack_buckets(weights, bucket_bytes=1 << 16, version=1), version=1)  # experts cut across buckets
+    # experts cut across buckets
+    apply_stream(engine, pack_buckets(weights, bucket_bytes=1 << 16, version=1), version=1)
     served = engine.model.model.layers[1].attn_hc.fn
     assert served.dtype == torch.float32 and torch.equal(served, fn.detach())
     bf16 = dict(weights)

@@ -30,7 +30,8 @@ def test_parameter_count_is_about_two_million(model):
 def test_config_constant_is_what_the_model_uses(model):
     assert model.config.hidden_size == TINY_CONFIG["hidden_size"]
     assert model.config.layer_types == TINY_CONFIG["layer_types"]
-    assert set(model.config.layer_types) == {"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"}
+    assert set(model.config.layer_types) == \
+        {"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"}
     assert model.config.mlp_layer_types[0] == "hash_moe" and set(model.config.mlp_layer_types[1:]) == {"moe"}
     assert model.config.hc_mult == 2 and model.config._attn_implementation == "eager"
 

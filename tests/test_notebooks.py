@@ -187,7 +187,8 @@ def test_throughput_and_mismatch_records_equal_the_summary(chain):
     assert recorded == {k: pytest.approx(v) for k, v in by_position.loc["0–127"].to_dict().items()}
     assert recorded["kl"] == pytest.approx(frames.train["rollout_corr/kl"].mul(
         frames.train["perf/generated_tokens"]).sum() / frames.train["perf/generated_tokens"].sum())
-    assert sorted(Path(p).name for p in mm["position_figures"]) == ["mismatch_by_position.png", "mismatch_by_position.svg"]
+    assert sorted(Path(p).name for p in mm["position_figures"]) == \
+        ["mismatch_by_position.png", "mismatch_by_position.svg"]
 
 
 @pytest.mark.slow

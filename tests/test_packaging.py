@@ -73,7 +73,8 @@ def test_the_lock_pins_every_dependency_exactly_inside_its_range():
     requirements, lock = _requirements(), _lock()
     assert set(lock) == set(requirements), set(lock) ^ set(requirements)
     for name, pinned in lock.items():
-        assert requirements[name].specifier.contains(pinned), f"{LOCK.name}: {name}=={pinned} outside {requirements[name]}"
+        assert requirements[name].specifier.contains(pinned), \
+            f"{LOCK.name}: {name}=={pinned} outside {requirements[name]}"
     assert lock["torch"] == "2.13.0"  # the CPU wheel; a range alone would pull the newest (multi-GB CUDA) torch
 
 
@@ -119,7 +120,8 @@ def test_the_tiny_recipe_states_the_lock_as_its_cluster_versions():
     assert (versions.torch, versions.transformers, versions.ray) == (lock["torch"], lock["transformers"], lock["ray"])
     assert versions.python == LAPTOP_PYTHON
     amd = load_recipe("amd-dsv4-flash-mi308x").cluster.versions
-    assert (amd.python, amd.ray, amd.transformers) == (IMAGE_PYTHON, IMAGE_VERSIONS["ray"], IMAGE_VERSIONS["transformers"])
+    assert (amd.python, amd.ray, amd.transformers) == \
+        (IMAGE_PYTHON, IMAGE_VERSIONS["ray"], IMAGE_VERSIONS["transformers"])
     assert IMAGE_VERSIONS["torch"].startswith(amd.torch + "+")
 
 

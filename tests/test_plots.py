@@ -108,7 +108,8 @@ def test_several_sources_overlay_in_their_own_colours(frames):
     assert ours.get_color() == ours_mean.get_color() != theirs.get_color() != AMD_COLOUR
     ax_kl = plot_train_rollout_mismatch([frames, log]).axes[0]
     lumen_k3 = [line for line in ax_kl.lines if "mismatch/k3_kl" in line.get_label()]
-    assert [line.get_label() for line in lumen_k3] == ["train: LumenRL k3 mismatch/k3_kl (its FSDP loss only), on π_rollout/π_trainer (≥ 0)"]
+    assert [line.get_label() for line in lumen_k3] == \
+        ["train: LumenRL k3 mismatch/k3_kl (its FSDP loss only), on π_rollout/π_trainer (≥ 0)"]
     np.testing.assert_array_equal(lumen_k3[0].get_ydata(), log.train["mismatch/k3_kl"].to_numpy())
 
 

@@ -93,7 +93,8 @@ def test_compare_cli_writes_the_report_against_a_reference(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     text = out.read_text()
     assert text.startswith("# run: comparison with Miles on 4 x 8 MI355X")
-    assert "https://lmsys.org/blog/2026-07-10-rocm-miles-dsv4/" in text and "| metric | miles-mi355x | this run |" in text
+    assert "https://lmsys.org/blog/2026-07-10-rocm-miles-dsv4/" in text and \
+        "| metric | miles-mi355x | this run |" in text
     assert "is a tiny CPU run: a mechanism check, not a replication" in text
     bad = subprocess.run([sys.executable, "-m", "repro", "compare", str(run_dir), "--reference", "nope"],
                          capture_output=True, text=True, timeout=300)

@@ -39,5 +39,6 @@ def test_each_number_is_in_its_quote():
 
 def test_run_facts():
     facts = amd_facts()
-    assert (facts["run_start"], facts["run_end"], facts["rocm"], facts["vllm"]) == ("2026-08-17", "2026-08-21", "7.2", "0.25.1")
+    assert (facts["run_start"], facts["run_end"], facts["rocm"], facts["vllm"]) == \
+        ("2026-08-17", "2026-08-21", "7.2", "0.25.1")
     assert "August 17 to 21, 2026" in facts["run_dates_quote"]

@@ -29,14 +29,16 @@ def stopped_short(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def three(stopped_short):
-    return [stopped_short] + load_sources(["lumenrl=tests/data/lumenrl/train.log", "wandb:tests/data/wandb/panel_*.csv"],
+    return [stopped_short] + load_sources(["lumenrl=tests/data/lumenrl/train.log",
+                                           "wandb:tests/data/wandb/panel_*.csv"],
                                           base=DATA.parent.parent)
 
 
 def test_one_format_per_quantity():
     assert (fmt(0.791, "fraction"), fmt(-0.016, "fraction", signed=True)) == ("79.1%", "-1.6 pt")
     assert (fmt(75.0, "step"), fmt(40, "step"), fmt(3, "step", signed=True)) == ("75", "40", "+3")
-    assert (fmt(0.4706, "kl"), fmt(1.2345e-05, "kl"), fmt(-0.0007, "kl", signed=True)) == ("0.4706", "1.234e-05", "-0.0007")
+    assert (fmt(0.4706, "kl"), fmt(1.2345e-05, "kl"), fmt(-0.0007, "kl", signed=True)) == \
+        ("0.4706", "1.234e-05", "-0.0007")
     assert (fmt(311, "tokens_per_s"), fmt(2.125, "seconds"), fmt(math.nan, "kl"), fmt(None, "step")) == \
         ("311.0", "2.12 s", "—", "—")
     with pytest.raises(ValueError, match="quantity 'percent'"):

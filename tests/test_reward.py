@@ -186,7 +186,8 @@ def test_adversarial_inputs_take_bounded_time():
 
 
 def _realistic_response(rng: random.Random, answer: int, correct: bool) -> str:
-    steps = [f"Step {i}: we have {rng.randint(1, 999)} + {rng.randint(1, 999)} = ..." for i in range(rng.randint(20, 80))]
+    steps = [f"Step {i}: we have {rng.randint(1, 999)} + {rng.randint(1, 999)} = ..."
+             for i in range(rng.randint(20, 80))]
     final = answer if correct else answer + 1
     return "\n".join(steps) + f"\nTherefore the result is $\\boxed{{{final}}}$.\nAnswer: {final}"
 

@@ -26,7 +26,8 @@ def engine(model):
 def test_prompt_major_order_and_determinism(engine):
     params = SamplingParams(n=3, max_new_tokens=6, seed=7)
     first = engine.generate(PROMPTS, params)
-    assert [(t.prompt_index, t.sample_index) for t in first.trajectories] == [(p, s) for p in range(3) for s in range(3)]
+    assert [(t.prompt_index, t.sample_index) for t in first.trajectories] == \
+        [(p, s) for p in range(3) for s in range(3)]
     assert [t.prompt_ids for t in first.trajectories[::3]] == PROMPTS
     again = engine.generate(PROMPTS, params)
     assert [t.response_ids for t in again.trajectories] == [t.response_ids for t in first.trajectories]
@@ -53,7 +54,8 @@ def test_logprobs_and_routing_match_a_full_forward(model, engine):
     trajs = [t for t in engine.generate(PROMPTS[:2], params).trajectories]
     batch = build_batch(trajs, torch.zeros(len(trajs)), pad_id=PAD_TOKEN_ID)
     for traj in trajs:
-        assert {k: tuple(v.shape) for k, v in traj.routing.items()} == {1: (traj.num_tokens - 1, 2), 2: (traj.num_tokens - 1, 2), 3: (traj.num_tokens - 1, 2)}
+        assert {k: tuple(v.shape) for k, v in traj.routing.items()} == \
+            {1: (traj.num_tokens - 1, 2), 2: (traj.num_tokens - 1, 2), 3: (traj.num_tokens - 1, 2)}
     with torch.no_grad(), RoutingReplay(model, batch.routing):
         logits = model(input_ids=batch.input_ids).logits
     full = logprobs_from_logits(logits, batch.targets, temperature=0.8)

@@ -22,9 +22,11 @@ def test_per_token_group_quantiser_by_hand():
     assert torch.equal(scale, torch.tensor([[2 / 448, 4 / 448], [1e-10 / 448] * 2, [1 / 448, 0.25 / 448]]))
     assert q.dtype == torch.float8_e4m3fn
     # 0.3 * 448 = 134.4 lies between e4m3 neighbours 128 and 144: nearest is 128
-    assert torch.equal(q.float(), torch.tensor([[224.0, -448.0, 448.0, 56.0], [0.0] * 4, [448.0, 128.0, -448.0, 224.0]]))
+    assert torch.equal(q.float(),
+                       torch.tensor([[224.0, -448.0, 448.0, 56.0], [0.0] * 4, [448.0, 128.0, -448.0, 224.0]]))
     back = dequantize_per_token_group(q, scale)
-    assert torch.equal(back[2], torch.tensor([448.0, 128.0, -448.0, 224.0]) * torch.tensor([1 / 448] * 2 + [0.25 / 448] * 2))
+    assert torch.equal(back[2],
+                       torch.tensor([448.0, 128.0, -448.0, 224.0]) * torch.tensor([1 / 448] * 2 + [0.25 / 448] * 2))
     assert torch.equal(fake_quant_activation(x, group=2), back)
 
 
@@ -74,9 +76,11 @@ def test_wrapped_cache_stores_the_round_trip():
 
 
 def test_other_models_get_vllms_per_tensor_fp8_cache(tmp_path):
-    """vLLM's generic fp8_e4m3 cache (k_scale = v_scale = 1.0): a plain e4m3 cast, here on the Qwen3-MoE lane's model."""
+    """vLLM's generic fp8_e4m3 cache (k_scale = v_scale = 1.0): a plain e4m3 cast, here on the Qwen3-MoE lane's
+    model."""
+    # step near 0.3: 1/32; 1e-3 = 0.512 subnormal steps of 2**-9
     assert torch.equal(per_tensor_fp8_round_trip(torch.tensor([0.3, 500.0, -1e-3])),
-                       torch.tensor([0.3125, 448.0, -2**-9]))  # step near 0.3: 1/32; 1e-3 = 0.512 subnormal steps of 2**-9
+                       torch.tensor([0.3125, 448.0, -2**-9]))
     from repro.model.hf_folder import load_checkpoint
     from repro.model.tiny_qwen3_moe import build_tiny_qwen3_moe
 
@@ -98,7 +102,8 @@ def test_hooks_quantise_the_inputs_of_fp8_linears_only():
     # every attention/shared-expert linear and the routed experts; not the LM head, compressors or scorer
     assert "lm_head" not in numerics.hooked and "model.layers.1.mlp.experts" in numerics.hooked
     assert not any("compressor.kv_proj" in n or "weights_proj" in n for n in numerics.hooked)
-    assert len(numerics.hooked) == 4 * 5 + 4 * 3 + 1 * 4 + 2  # per layer q_a q_b kv o_a o_b, shared x3, experts, indexer q_b
+    # per layer q_a q_b kv o_a o_b, shared x3, experts, indexer q_b
+    assert len(numerics.hooked) == 4 * 5 + 4 * 3 + 1 * 4 + 2
     layer = model.model.layers[0].self_attn.q_a_proj
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(1))
     assert torch.equal(layer(x), torch.nn.functional.linear(fake_quant_activation(x), layer.weight))
@@ -120,7 +125,8 @@ def test_engine_with_numerics_off_is_unchanged_and_on_differs():
     off = _engine(model, RolloutNumerics())
     assert off.numerics.hooked == []  # numerics off: the model is not touched, so the engine is as before
     on_engine = _engine(model, RolloutNumerics(True, 128, True, True))
-    base, on, again = off.generate(prompts, params), on_engine.generate(prompts, params), on_engine.generate(prompts, params)
+    base, on, again = (off.generate(prompts, params), on_engine.generate(prompts, params),
+                       on_engine.generate(prompts, params))
     lp = lambda r: torch.cat([t.logprobs for t in r.trajectories])  # noqa: E731
     assert torch.equal(lp(on), lp(again)) and torch.isfinite(lp(on)).all()
     assert not torch.equal(lp(on), lp(base))

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from repro import REPO_DIR
-from repro.run.checkpoints import driver_rng_state, latest_checkpoint, list_checkpoints, restore_driver_rng, save_checkpoint
+from repro.run.checkpoints import (driver_rng_state, latest_checkpoint, list_checkpoints, restore_driver_rng,
+                                   save_checkpoint)
 from repro.data.recipe_datasets import load_dataset
 from repro.data.sampler import PromptSampler
 from repro.errors import ReproError, TornLineWarning

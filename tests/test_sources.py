@@ -70,7 +70,8 @@ def test_each_kind_loads_and_labels_default_to_the_name(run_dir):
 
 
 def test_several_sources_keep_their_order_and_get_unique_labels(run_dir):
-    loaded = load_sources([str(run_dir), str(DATA / "lumenrl" / "train.log"), "lumenrl:" + str(DATA / "lumenrl" / "train.log")])
+    loaded = load_sources([str(run_dir), str(DATA / "lumenrl" / "train.log"),
+                           "lumenrl:" + str(DATA / "lumenrl" / "train.log")])
     assert [f.label for f in loaded] == ["tiny", "train", "train (2)"]
     assert default_output_dir(loaded) == run_dir
     assert default_output_dir(loaded[1:]) == repro.REPO_DIR / "runs" / "compare"
@@ -105,7 +106,8 @@ def test_compare_command_on_each_kind(source, run_dir, tmp_path, capsys):
 def test_compare_command_on_three_sources(run_dir, capsys):
     from repro.commands import compare
 
-    sources = [f"tiny={run_dir}", f"lumenrl={DATA / 'lumenrl' / 'train.log'}", f"verl={DATA / 'verl' / 'metrics.jsonl'}"]
+    sources = [f"tiny={run_dir}", f"lumenrl={DATA / 'lumenrl' / 'train.log'}",
+               f"verl={DATA / 'verl' / 'metrics.jsonl'}"]
     assert _cli(compare, sources) == 0
     out = capsys.readouterr().out
     assert "| metric | AMD | tiny | lumenrl | verl |" in out

@@ -91,8 +91,8 @@ def test_experts_refuse_layouts_they_do_not_pad():
     experts = _tiny_bf16().model.layers[1].mlp.experts
     experts.has_bias = True
     with pytest.raises(NotImplementedError, match="bias-free"):
-        padded_grouped_mm_experts(experts, torch.zeros(2, 128, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.int64),
-                                  torch.ones(2, 2, dtype=torch.bfloat16))
+        padded_grouped_mm_experts(experts, torch.zeros(2, 128, dtype=torch.bfloat16),
+                                  torch.zeros(2, 2, dtype=torch.int64), torch.ones(2, 2, dtype=torch.bfloat16))
 
 
 def test_experts_from_a_transformers_without_the_post_expert_norm_flag_are_padded():

@@ -95,6 +95,7 @@ def test_requests_per_sample_send_each_prompt_n_times_and_regroup(requests):
         assert [t.response_ids for t in result.trajectories] == [[p, 0] for p in (5, 5, 5, 5, 7, 7, 7, 7, 8, 8, 8, 8)]
     else:
         assert n == 4 and asked == [[5, 6], [7], [8, 9, 9]]
-    assert [(t.prompt_index, t.sample_index) for t in result.trajectories] == [(i, k) for i in range(3) for k in range(4)]
+    assert [(t.prompt_index, t.sample_index) for t in result.trajectories] == \
+        [(i, k) for i in range(3) for k in range(4)]
     assert [t.prompt_ids for t in result.trajectories][::4] == [[5, 6], [7], [8, 9, 9]]
     assert result.generated_tokens == 24

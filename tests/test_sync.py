@@ -22,7 +22,8 @@ PROMPT = [[BOS_TOKEN_ID, 5, 10]]
 
 def named():
     # 400 B, 400 B, 1200 B, 8 B (float32)
-    return [("a", torch.arange(100.0)), ("b", torch.ones(100)), ("c", torch.zeros(300)), ("d", torch.tensor([1.0, 2.0]))]
+    return [("a", torch.arange(100.0)), ("b", torch.ones(100)), ("c", torch.zeros(300)),
+            ("d", torch.tensor([1.0, 2.0]))]
 
 
 def test_bucket_boundaries_follow_the_byte_cap_and_each_stream_ends_with_a_marker():
@@ -87,9 +88,11 @@ def _flip_byte(bucket):
 
 FAULTS = {
     "lost bucket": (lambda bs: bs[:1] + bs[2:], "bucket 1 of sender 0: got bucket 2 of sender 0 of v5 instead"),
-    "bad checksum": (lambda bs: [bs[0], _flip_byte(bs[1])] + bs[2:], "bucket 1 of sender 0: payload fails its checksum"),
+    "bad checksum": (lambda bs: [bs[0], _flip_byte(bs[1])] + bs[2:],
+                     "bucket 1 of sender 0: payload fails its checksum"),
     "stream cut": (lambda bs: bs[:2], "bucket 2 of sender 0: the stream ended before it arrived"),
-    "old version": (lambda bs: [dataclasses.replace(bs[0], header=dataclasses.replace(bs[0].header, version=4))] + bs[1:],
+    "old version": (lambda bs: [dataclasses.replace(bs[0], header=dataclasses.replace(bs[0].header, version=4))]
+                    + bs[1:],
                     "bucket 0 of sender 0: got bucket 0 of sender 0 of v4 instead"),
 }
 
@@ -191,7 +194,8 @@ def test_two_receivers_get_the_senders_tensors_bit_for_bit_over_gloo():
     sent = SyncGroup(address, 0).send(pack_buckets(tensors, 2048, version=9))
     for t in threads:
         t.join(60)
-    assert sent == sum(b.header.nbytes for b in pack_buckets(tensors, 2048, version=9)) > sum(t.numel() * 2 for _, t in tensors)
+    assert sent == sum(b.header.nbytes for b in pack_buckets(tensors, 2048, version=9)) > \
+        sum(t.numel() * 2 for _, t in tensors)
     for rank in (1, 2):
         assert [n for n, _ in got[rank]] == [n for n, _ in tensors]
         assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for (_, a), (_, b) in zip(got[rank], tensors))

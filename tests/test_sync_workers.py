@@ -29,7 +29,8 @@ def test_trainer_and_rollout_workers_sync_over_their_group_bit_for_bit(tmp_path)
     assert rollout.weight_version() == 3 and stats.buckets > 1 and sent["bytes"] >= stats.nbytes
     reference = RolloutWorker(recipe, model_dir).engine
     reference.update_weights(trainer.trainer.named_weights(), version=3)  # the old, whole-model path
-    for (name, a), b in zip(reference.model.state_dict().items(), rollout.engine.model.state_dict().values(), strict=True):
+    for (name, a), b in zip(reference.model.state_dict().items(), rollout.engine.model.state_dict().values(),
+                            strict=True):
         assert torch.equal(a, b), name
     # the group stays up for the next sync; in one process the same buckets pass as an iterator
     thread = threading.Thread(target=lambda: trainer.broadcast_weights(4, address))

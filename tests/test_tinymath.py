@@ -49,7 +49,8 @@ def test_held_out_is_fixed_hard_and_disjoint():
 def test_prompts_are_fixed_width_and_inside_the_alphabet():
     rows = [to_dapo_row(p, i, "train") for i, p in enumerate(train_problems(n=200))]
     assert {len(r["prompt"][0]["content"]) for r in rows} == {6}
-    assert set("".join(r["prompt"][0]["content"] + "Answer: " + r["reward_model"]["ground_truth"] for r in rows)) <= set(TINY_ALPHABET)
+    assert set("".join(r["prompt"][0]["content"] + "Answer: " + r["reward_model"]["ground_truth"] for r in rows)) \
+        <= set(TINY_ALPHABET)
 
 
 def test_written_parquet_has_the_dapo_layout(tmp_path):

@@ -140,7 +140,8 @@ def test_train_step_changes_parameters_and_router_gets_gradient(model, trainer_f
     before = dict(trainer.named_weights())
     metrics = trainer.train_step(batch)
     after = dict(trainer.named_weights())
-    changed = [name for name, weight in after.items() if weight.is_floating_point() and not torch.equal(weight, before[name])]
+    changed = [name for name, weight in after.items()
+               if weight.is_floating_point() and not torch.equal(weight, before[name])]
     parameters = [name for name, _ in model.named_parameters()]
     # The Lightning Indexer only selects KV entries (a top-k, no gradient path; V4 trains it with its own loss).
     no_gradient = {name for name, grad in grads.items() if float(grad.abs().max()) == 0}
@@ -198,7 +199,8 @@ def test_micro_batching_and_zero_advantage_skipping_keep_the_gradient(model, tra
     algorithm = AlgorithmConfig(loss_agg_mode=mode)
     whole = trainer_factory(model, algorithm=algorithm, skip_zero_advantage_rows=False)
     with_old_logprobs(whole, batch)
-    variant = trainer_factory(model, algorithm=algorithm, max_tokens_per_micro_batch=budget, skip_zero_advantage_rows=skip)
+    variant = trainer_factory(model, algorithm=algorithm, max_tokens_per_micro_batch=budget,
+                              skip_zero_advantage_rows=skip)
     assert_same_gradients(whole.gradients(batch), variant.gradients(batch))
 
 

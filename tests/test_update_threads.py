@@ -27,9 +27,12 @@ def base_model():
 
 def test_balanced_shares_split_by_running_width():
     rows = torch.tensor([10, 11, 12, 13, 14, 15])
-    assert [s.tolist() for s in balanced_shares(rows, torch.ones(6, dtype=torch.int64), 2)] == [[10, 11, 12], [13, 14, 15]]
-    assert [s.tolist() for s in balanced_shares(rows, torch.tensor([5, 1, 1, 1, 1, 1]), 2)] == [[10], [11, 12, 13, 14, 15]]
-    assert [s.tolist() for s in balanced_shares(rows, torch.tensor([1, 1, 1, 1, 1, 7]), 2)] == [[10, 11, 12, 13, 14, 15]]
+    assert [s.tolist() for s in balanced_shares(rows, torch.ones(6, dtype=torch.int64), 2)] == \
+        [[10, 11, 12], [13, 14, 15]]
+    assert [s.tolist() for s in balanced_shares(rows, torch.tensor([5, 1, 1, 1, 1, 1]), 2)] == \
+        [[10], [11, 12, 13, 14, 15]]
+    assert [s.tolist() for s in balanced_shares(rows, torch.tensor([1, 1, 1, 1, 1, 7]), 2)] == \
+        [[10, 11, 12, 13, 14, 15]]
     assert [s.tolist() for s in balanced_shares(rows[:2], torch.tensor([3, 3]), 3)] == [[10], [11]]
     assert balanced_shares(rows[:0], torch.zeros(0, dtype=torch.int64), 2) == []
 

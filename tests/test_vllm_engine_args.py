@@ -45,7 +45,8 @@ def test_fp4_experts_are_refused_on_gfx942_only(tmp_path):
 
     config = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", **OFFICIAL_CONFIG_KEYS}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(VLLMConfigError, match=r"expert_dtype fp4\) holds MXFP4.*gfx950.*RedHatAI/DeepSeek-V4-Flash-BF16"):
+    with pytest.raises(VLLMConfigError,
+                       match=r"expert_dtype fp4\) holds MXFP4.*gfx950.*RedHatAI/DeepSeek-V4-Flash-BF16"):
         check_servable(tmp_path, "gfx942:sramecc+:xnack-")
     check_servable(tmp_path, "gfx950")
     check_servable(tmp_path, None)  # CPU / CUDA

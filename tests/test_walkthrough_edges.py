@@ -43,7 +43,8 @@ def test_resume_names_its_checkpoint_and_the_steps_it_drops(tmp_path):
     with open(run_dir / "metrics.jsonl", "a") as log:  # logged after the checkpoint, before the kill
         log.write(json.dumps({"kind": "train", "step": 3}) + "\n" + json.dumps({"kind": "eval", "step": 3}) + "\n")
     plan = plan_run(TINY, run_dir, resume="auto")
-    assert (plan.resume, plan.finished, plan.dropped_steps, [r["step"] for r in plan.kept_rows]) == (True, False, [3], [1, 2])
+    assert (plan.resume, plan.finished, plan.dropped_steps, [r["step"] for r in plan.kept_rows]) == \
+        (True, False, [3], [1, 2])
     assert plan.describe() == (f"resuming from step 2 (checkpoint {run_dir / 'checkpoints' / 'step_000002'}); "
                                "step 3 logged after it is dropped and recomputed")
 
@@ -80,7 +81,8 @@ def test_check_table_says_each_thing_once_and_has_a_fix_or_a_dash():
 
     rows = results_as_dicts(run_checks(TINY, gather_facts(TINY)))
     assert not any(r["detail"].startswith("SKIP") for r in rows)
-    assert all(r["fix"] for r in rows) and {r["fix"] for r in rows if r["status"] in ("PASS", "SKIP")} == {NOTHING_TO_DO}
+    assert all(r["fix"] for r in rows) and \
+        {r["fix"] for r in rows if r["status"] in ("PASS", "SKIP")} == {NOTHING_TO_DO}
     ram = next(r for r in rows if r["check"] == "host_ram")["detail"]
     # tiny-cpu's actor is bf16 (AMD's): 2 B weights + 4 B fp32 masters + 8 B moments = 14 B per parameter
     assert "need ~30.9 MB for the trainer's weights and optimizer state (CPU mode: they live in host RAM)" in ram

@@ -111,7 +111,8 @@ def small_run(lane_dir):
 
 
 def notebook_digests() -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((REPO_DIR / "notebooks").glob("*.ipynb"))}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((REPO_DIR / "notebooks").glob("*.ipynb"))}
 
 
 @pytest.fixture(scope="session")

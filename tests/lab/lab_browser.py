@@ -31,7 +31,8 @@ READ_CELLS_JS = """
     stderr: outputs.filter(o => o.dataset.mimeType === 'application/vnd.jupyter.stderr').map(o => o.textContent),
     text: outputs.map(o => o.textContent).join('\\n'),
     tables: cell.querySelectorAll('.jp-OutputArea-output table').length,
-    figures: Array.from(cell.querySelectorAll('.jp-OutputArea-output img')).filter(i => i.complete && i.naturalWidth > 0).length
+    figures: Array.from(cell.querySelectorAll('.jp-OutputArea-output img'))\
+.filter(i => i.complete && i.naturalWidth > 0).length
              + cell.querySelectorAll('.jp-OutputArea-output svg').length,
   };
 })
@@ -125,7 +126,8 @@ def type_parameters(page, name: str, values: dict[str, str]) -> str:
     """Select the parameters cell's text and type the edited cell over it, as a person would; return what is typed."""
     index, source = parameters_cell(name)
     wanted = edited_parameters(source, values)
-    editor = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index).locator(".cm-content")
+    editor = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index).locator(
+        ".cm-content")
     editor.click()
     page.keyboard.press("Control+a")
     page.keyboard.insert_text(wanted)
@@ -194,7 +196,8 @@ def run_in_browser(page, url: str, name: str, values: dict[str, str], screenshot
         raise
     except Exception as err:  # a timeout or a missing element: say where, keep what the page showed
         page.screenshot(path=str(shot))
-        raise LabFailure(f"notebook {name}: {type(err).__name__}: {str(err).splitlines()[0]} (screenshot: {shot})") from err
+        raise LabFailure(f"notebook {name}: {type(err).__name__}: {str(err).splitlines()[0]} "
+                         f"(screenshot: {shot})") from err
     page.screenshot(path=str(shot))
     view = read_notebook(page, name, shot)
     cells = page.locator(f"{PANEL} .jp-Notebook .jp-Cell")
@@ -203,5 +206,6 @@ def run_in_browser(page, url: str, name: str, values: dict[str, str], screenshot
         page.screenshot(path=str(shot))
         raise LabFailure("\n".join(view.errors) + f"\n  screenshot: {shot}")
     for index in sorted(view.cells_with_figures()):  # each figure as the page drew it
-        cells.nth(index).locator(".jp-OutputArea-output").last.screenshot(path=str(shot.with_name(f"{name}.cell{index}.png")))
+        cells.nth(index).locator(".jp-OutputArea-output").last.screenshot(
+            path=str(shot.with_name(f"{name}.cell{index}.png")))
     return view

@@ -29,7 +29,8 @@ def test_amd_recipe_maps_to_tp4_pp4_ep4_etp1_sp_full_recompute_distributed_offlo
     assert t["moe_enable_routing_replay"] is True and t["moe_token_dispatcher_type"] == "alltoall"
     o = layout["optimizer"]
     assert o["optimizer"] == "adam" and o["lr"] == o["min_lr"] == 1e-6
-    assert (o["adam_beta1"], o["adam_beta2"], o["adam_eps"], o["weight_decay"], o["clip_grad"]) == (0.9, 0.98, 1e-8, 0.1, 1.0)
+    assert (o["adam_beta1"], o["adam_beta2"], o["adam_eps"], o["weight_decay"], o["clip_grad"]) == \
+        (0.9, 0.98, 1e-8, 0.1, 1.0)
     assert o["use_distributed_optimizer"] is True and layout["ddp"]["use_distributed_optimizer"] is True
     assert o["optimizer_cpu_offload"] is True and o["optimizer_offload_fraction"] == 1.0
     assert o["bf16"] is True
@@ -111,5 +112,6 @@ def test_without_transformer_engine_megatron_cannot_configure_amds_optimizer():
     with pytest.raises(TypeError, match="NoneType"):
         OptimizerConfig(**megatron_layout(recipe)["optimizer"])
     assert TRANSFORMER_ENGINE in libraries(recipe)
-    assert TRANSFORMER_ENGINE not in libraries(load_recipe("amd-dsv4-flash-mi308x", ["actor.optimizer_cpu_offload=false",
-                                                                                     "actor.optimizer_moment_dtype=fp32"]))
+    assert TRANSFORMER_ENGINE not in libraries(load_recipe("amd-dsv4-flash-mi308x",
+                                                           ["actor.optimizer_cpu_offload=false",
+                                                            "actor.optimizer_moment_dtype=fp32"]))

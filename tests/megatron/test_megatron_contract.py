@@ -20,7 +20,8 @@ import sys
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -112,7 +113,8 @@ def test_tp2_checkpoint_reshards_onto_tp1(tmp_path):
         assert torch.equal(w, tp2[f"saved.{name}"]), name
     # every global tensor -- weights, AdamW moments -- comes back out of a TP 1 save exactly as TP 2 wrote it
     resumed.save(tmp_path / "tp1")
-    written, rewritten = load_plain_tensors(str(tmp_path / "tp2" / "dist")), load_plain_tensors(str(tmp_path / "tp1" / "dist"))
+    written, rewritten = (load_plain_tensors(str(tmp_path / "tp2" / "dist")),
+                          load_plain_tensors(str(tmp_path / "tp1" / "dist")))
     state_keys = {k for k in written if not k.startswith("rng.")}
     assert state_keys == {k for k in rewritten if not k.startswith("rng.")}
     assert any(k.startswith("optimizer.exp_avg_sq.") for k in state_keys)

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 
@@ -28,7 +29,8 @@ def qwen3_dir(tmp_path_factory):
 
 
 def megatron_recipe(model_dir, *extra):
-    return load_recipe("tiny-cpu", ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.qwen3:provider",
+    return load_recipe("tiny-cpu", ["actor.dtype=fp32", "actor.backend=megatron",
+                                    "actor.model_provider=repro.train.megatron.qwen3:provider",
                                     f"model.path={model_dir}", *extra])
 
 
@@ -62,7 +64,8 @@ def _launch(run_dir, model_dir, steps, *extra):
     from repro.cli import main
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
+    sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2",
+            "actor.sequence_parallel=true",
             "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
             "eval.at_start=false", "eval.samples_per_problem=1", "checkpoint.every_steps=1",
             # the check below is the trainer/rollout numerics' agreement: both at the sampling temperature (tiny-cpu's

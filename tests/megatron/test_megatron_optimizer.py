@@ -11,7 +11,8 @@ import functools
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 
@@ -101,7 +102,8 @@ def stand_in(monkeypatch):
     import megatron.core.optimizer as megatron_optimizer
 
     monkeypatch.setattr(megatron_optimizer, "get_megatron_optimizer", get_megatron_optimizer)
-    monkeypatch.setattr(trainer_module, "trainer_optimizer", functools.partial(optimizers.trainer_optimizer, on_gpu=True))
+    monkeypatch.setattr(trainer_module, "trainer_optimizer",
+                        functools.partial(optimizers.trainer_optimizer, on_gpu=True))
     return built
 
 
@@ -134,7 +136,8 @@ def test_gpu_path_takes_the_recipe_config_and_steps_as_the_project_adamw(stand_i
     assert isinstance(ddp, DistributedDataParallel) and ddp.module is gpu.model and ddp.ddp_config.grad_reduce_in_fp32
 
     with pytest.MonkeyPatch.context() as patch:  # the same recipe and seed on the CPU lane's optimizer
-        patch.setattr(trainer_module, "trainer_optimizer", functools.partial(optimizers.trainer_optimizer, on_gpu=False))
+        patch.setattr(trainer_module, "trainer_optimizer",
+                      functools.partial(optimizers.trainer_optimizer, on_gpu=False))
         cpu = MegatronTrainer.from_recipe(recipe)
     assert isinstance(cpu.opt, optimizers.ProjectAdamW)
     batch = make_megatron_batch(cpu.model, seed=5)
@@ -166,7 +169,8 @@ def test_gpu_path_takes_the_recipe_config_and_steps_as_the_project_adamw(stand_i
 
     gpu.save(tmp_path / "state")  # the dist checkpoint asks megatron's optimizer for its sharded state
     gpu.load(tmp_path / "state")
-    assert optimizer.state_calls == [(False, optimizers.DISTRIB_OPTIM_SHARDING), (True, optimizers.DISTRIB_OPTIM_SHARDING)]
+    assert optimizer.state_calls == [(False, optimizers.DISTRIB_OPTIM_SHARDING),
+                                     (True, optimizers.DISTRIB_OPTIM_SHARDING)]
     assert optimizer.loaded == [{}]
     with pytest.raises(TrainerError, match="optimizer state of MegatronAdamW, this trainer steps ProjectAdamW"):
         cpu.load(tmp_path / "state")  # a GPU run's optimizer state cannot continue on the CPU lane's optimizer

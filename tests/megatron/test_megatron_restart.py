@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 from run_faults_support import log_rows, numbers, wait_gone  # noqa: E402

@@ -10,7 +10,8 @@ import socket
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -20,8 +21,10 @@ from repro.recipes import load_recipe  # noqa: E402
 from repro.train.megatron.stream_weights import export_unit, stream_order  # noqa: E402
 from test_megatron_contract import one_thread  # noqa: E402,F401
 
-TINY = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider", "seed=3"]
-LAYOUTS = {  # name -> (provider's recipe settings, layout settings); qwen3 exports HF names, stacking each layer's experts
+TINY = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider",
+        "seed=3"]
+# name -> (provider's recipe settings, layout settings); qwen3 exports HF names, stacking each layer's experts
+LAYOUTS = {
     "tp2": ("tiny", ["actor.tensor_parallel=2"]),
     "pp2": ("tiny", ["actor.pipeline_parallel=2"]),
     "ep2": ("tiny", ["actor.expert_parallel=2"]),
@@ -146,7 +149,8 @@ def test_export_units_keep_a_layers_experts_of_a_projection_together():
              "decoder.layers.1.mlp.experts.linear_fc1.weight1",
              "decoder.layers.1.input_layernorm.weight",
              "output_layer.weight"]
-    assert export_unit(names[2]) == export_unit(names[4]) == "decoder.layers.0.mlp.experts.local_experts.*.linear_fc1.weight"
+    assert export_unit(names[2]) == export_unit(names[4]) == \
+        "decoder.layers.0.mlp.experts.local_experts.*.linear_fc1.weight"
     assert export_unit(names[7]) == export_unit(names[8]) == "decoder.layers.1.mlp.experts.linear_fc1.weight*"
     assert stream_order(names, grouped=True) == [
         [names[0]], [names[1], names[6]], [names[2], names[4]], [names[3], names[5]], [names[7], names[8]],

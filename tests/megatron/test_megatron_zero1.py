@@ -9,14 +9,16 @@ import socket
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed here: `make test-megatron` runs this lane in .venv-megatron")
+pytest.importorskip("megatron.core", reason="megatron-core is not installed here: "
+                                            "`make test-megatron` runs this lane in .venv-megatron")
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-BASE = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider", "actor.num_workers=2",
-        "actor.max_tokens_per_micro_batch=40", "optim.lr=0.001", "optim.grad_clip=0.05", "seed=3"]
+BASE = ["actor.dtype=fp32", "actor.backend=megatron", "actor.model_provider=repro.train.megatron.tiny:provider",
+        "actor.num_workers=2", "actor.max_tokens_per_micro_batch=40", "optim.lr=0.001", "optim.grad_clip=0.05",
+        "seed=3"]
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
@@ -42,7 +44,8 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     tensors = {f"continued.{n}": p.detach() for n, p in trainer.model.named_parameters()}
     tensors.update({f"resumed.{n}": p.detach() for n, p in resumed.model.named_parameters()})
     tensors["state_bytes"] = torch.tensor([trainer.opt.inner.state_bytes()])
-    tensors["loss"] = torch.tensor([continued_metrics["actor/loss"], resumed_metrics["actor/loss"]], dtype=torch.float64)
+    tensors["loss"] = torch.tensor([continued_metrics["actor/loss"], resumed_metrics["actor/loss"]],
+                                   dtype=torch.float64)
     save_file(tensors, os.path.join(out, f"rank{rank}.safetensors"),
               metadata={"owned": ",".join(trainer.opt.inner.owned_names), "all": ",".join(trainer.opt.names)})
 

@@ -7,9 +7,10 @@ source (dev/dsv4-grpo): log records ``%(asctime)s [%(levelname)s] %(name)s: %(me
 ``step=N k=v ...`` record per step (1-based, keys sorted, ``%.6g``), validation merged into every
 ``val_steps``-th step line, an ``EvalCallback`` line ``eval step=N ...`` after the step lines of the trainer's 0-based
 steps 0, interval, ... when ``eval.enabled`` (N = step + 1: callbacks.py:271-277, main.py:115-116), Ray ``(Actor
-pid=...)`` prefixes, progress bars with carriage returns, other messages that mention a step; checkpoints ``global_step_N/actor/`` + ``global_step_N/checkpoint_N.pt`` +
-``latest_checkpointed_iteration.txt`` every ``save_steps``, pruned to ``save_total_limit``; resume from the
-tracker; ``Training failed.`` and exit 1 on an error; SIGINT -> ``Training interrupted by user.``, exit 0.
+pid=...)`` prefixes, progress bars with carriage returns, other messages that mention a step; checkpoints
+``global_step_N/actor/`` + ``global_step_N/checkpoint_N.pt`` + ``latest_checkpointed_iteration.txt`` every
+``save_steps``, pruned to ``save_total_limit``; resume from the tracker; ``Training failed.`` and exit 1 on an
+error; SIGINT -> ``Training interrupted by user.``, exit 0.
 
 Its numbers are formulas of the step (so tests can assert them exactly); a resumed attempt adds 0.001 to the
 accuracy, so a row recomputed after a resume can be told from the one logged before the crash.

@@ -43,7 +43,8 @@ def no_device_streams():
     if torch.cuda.is_available():
         yield
         return
-    with mock.patch.object(packed_tensor, "_get_streams", lambda index, count: tuple(_HostStream() for _ in range(count))), \
+    with mock.patch.object(packed_tensor, "_get_streams",
+                           lambda index, count: tuple(_HostStream() for _ in range(count))), \
             mock.patch.object(torch.cuda, "stream", lambda stream: contextlib.nullcontext()), \
             mock.patch.object(torch.accelerator, "current_device_index", lambda: 0), \
             mock.patch.object(torch.accelerator, "synchronize", lambda *args, **kwargs: None):

@@ -39,7 +39,8 @@ def _hf_logprobs_and_routing(hf_model, traj, temperature):
 
 def test_prompt_major_order_lengths_and_determinism(engine, baseline):
     params = SamplingParams(n=8, max_new_tokens=12, temperature=0.8, seed=3)
-    assert [(t.prompt_index, t.sample_index) for t in baseline.trajectories] == [(p, s) for p in range(3) for s in range(8)]
+    assert [(t.prompt_index, t.sample_index) for t in baseline.trajectories] == \
+        [(p, s) for p in range(3) for s in range(8)]
     assert [t.prompt_ids for t in baseline.trajectories[::8]] == PROMPTS
     for traj in baseline.trajectories:
         assert len(traj.logprobs) == len(traj.response_ids) and traj.logprobs.dtype == torch.float32
@@ -155,7 +156,8 @@ def test_bad_weight_updates_are_refused_whole(engine):
     with pytest.raises(VLLMRolloutError, match=r"weight update v9: missing tensors \['model.norm.weight'\]"):
         engine.update_weights(missing.items(), version=9)
     shaped = dict(good, **{"lm_head.weight": torch.zeros(3, 3)})
-    with pytest.raises(VLLMRolloutError, match=r"tensor lm_head.weight has shape \(3, 3\), the model's is \(256, 128\)"):
+    with pytest.raises(VLLMRolloutError,
+                       match=r"tensor lm_head.weight has shape \(3, 3\), the model's is \(256, 128\)"):
         engine.update_weights(shaped.items(), version=9)
     with pytest.raises(VLLMRolloutError, match=r"unexpected tensors \['bogus'\]"):
         engine.update_weights(dict(good, bogus=torch.zeros(1)).items(), version=9)

@@ -12,14 +12,16 @@ import pytest
 
 
 def test_launch_runs_megatron_ranks_with_the_vllm_rollout(tmp_path):
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed in this venv (`make test-vllm` adds it)")
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed in this venv "
+                                                "(`make test-vllm` adds it)")
     from repro.cli import main
     from repro.model.tiny_qwen3_moe import build_tiny_math_qwen3_moe
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     model_dir = build_tiny_math_qwen3_moe(tmp_path / "model", seed=0)
     run_dir = tmp_path / "run"
-    sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2", "actor.sequence_parallel=true",
+    sets = ["actor.dtype=fp32", "actor.backend=megatron", "actor.num_workers=2", "actor.tensor_parallel=2",
+            "actor.sequence_parallel=true",
             "actor.model_provider=repro.train.megatron.qwen3:provider", f"model.path={model_dir}",
             "rollout.backend=vllm", "eval.at_start=false", "eval.samples_per_problem=1",
             # the check below is the trainer/rollout numerics' agreement: both at the sampling temperature (tiny-cpu's

@@ -5,8 +5,8 @@ gloo and no-ops (tests/standins/vllm_gloo_transfer.py says exactly what runs for
 own: the engine factory and WeightTransferConfig, the worker's init/start/update/finish lifecycle, the packed
 producer and consumer (packing, double buffering, unpacking), the layerwise reload and load_weights -- driven by
 repro's side of the seam (repro.rollout.vllm_transfer: the update info, the checked stream, TransferSender,
-VLLMEngine.receive_transfer). NCCL/RCCL and device buffers have never run: benchmarks/device_check.py does that on two GPUs
-on a GPU.
+VLLMEngine.receive_transfer). NCCL/RCCL and device buffers have never run: benchmarks/device_check.py does that on
+two GPUs on a GPU.
 """
 
 import sys

@@ -72,10 +72,10 @@ def step_metrics(step: int, steps: int, val_steps: int, skip_last: bool) -> dict
         "reward/accuracy": accuracy, "reward/mean": g6(2 * accuracy - 1), "rollout_corr/k3_kl": k3,
         "rollout_corr/kl": kl, "rollout_corr/rollout_is_eff_sample_size": g6(0.95 - 0.002 * step),
         "rollout_corr/rollout_is_mean": 1.001, "seq/mean_response_len": 1000.0 + 10 * step,
-        "throughput/gen_tok_per_s": g6(315.2 - 0.09 * step), "timing/gen_s": 200.0 + step, "timing/step_s": 270.0 + step,
-        "timing/train_s": 60.0, "timing/weight_sync_s": 12.5, "timing_s/gen": 200.0 + step,
-        "timing_s/step": g6(283.5 + step + testing), "timing_s/testing": testing, "timing_s/update_actor": 60.0,
-        "timing_s/update_weights": 12.5, **pos,
+        "throughput/gen_tok_per_s": g6(315.2 - 0.09 * step), "timing/gen_s": 200.0 + step,
+        "timing/step_s": 270.0 + step, "timing/train_s": 60.0, "timing/weight_sync_s": 12.5,
+        "timing_s/gen": 200.0 + step, "timing_s/step": g6(283.5 + step + testing), "timing_s/testing": testing,
+        "timing_s/update_actor": 60.0, "timing_s/update_weights": 12.5, **pos,
     }
     if validate:
         m.update(validation(step, steps))
