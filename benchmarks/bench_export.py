@@ -88,7 +88,8 @@ def _child(*args: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", default="2,8", help="comma-separated layer counts of the widened model (2 at least: layer 0 is hash-routed)")
+    parser.add_argument("--layers", default="2,8",
+                        help="comma-separated layer counts of the widened model (2 at least: layer 0 is hash-routed)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layout", default="deepseek", choices=("deepseek", "hf"))
     parser.add_argument("--run-dir", type=Path, default=None, help="measure this run's newest checkpoint instead")

@@ -15,9 +15,9 @@ Conversion GB/s counts BF16 input bytes per second of the converter's own clock 
 of importing torch, is reported separately). Peak RSS is the largest resident set of the converter's main
 process and its workers (getrusage, cross-checked by sampling the process tree with psutil), next to the RSS
 of a python that has only imported torch. CPU seconds of every process are counted too (GB per CPU-second
-is robust to other load on a shared machine, wall-clock GB/s is not). All inputs are read once before each timed run so every run reads
-from the page cache; runs are interleaved and repeated, and the best of each kind is reported (the load
-average is recorded: on a shared machine the spread is large).
+is robust to other load on a shared machine, wall-clock GB/s is not). All inputs are read once before each
+timed run so every run reads from the page cache; runs are interleaved and repeated, and the best of each
+kind is reported (the load average is recorded: on a shared machine the spread is large).
 """
 
 from __future__ import annotations
@@ -205,7 +205,8 @@ def quantiser_alone(fmt: str) -> dict:
     torch.set_num_threads(1)
     w = (torch.randn(EXPERT_I, HIDDEN) * 0.02).bfloat16()
     res = {}
-    for label, fn in (("quantise_gb_per_s_1core", quantize_block), ("quantise_and_check_gb_per_s_1core", quantize_block_with_error)):
+    for label, fn in (("quantise_gb_per_s_1core", quantize_block),
+                      ("quantise_and_check_gb_per_s_1core", quantize_block_with_error)):
         fn(w, fmt)
         start = time.perf_counter()
         for _ in range(10):
@@ -235,7 +236,8 @@ def main() -> int:
     t = time.perf_counter()
     info = describe(src) if args.reuse_input and (src / "config.json").exists() else build(
         src, args.size_gb, args.shard_gb, args.layers)
-    print(f"  {info['bytes'] / 1e9:.2f} GB, {info['shards']} shards, {info['tensors']} tensors ({time.perf_counter() - t:.0f} s)")
+    print(f"  {info['bytes'] / 1e9:.2f} GB, {info['shards']} shards, {info['tensors']} tensors "
+          f"({time.perf_counter() - t:.0f} s)")
     gb = info["bytes"] / 1e9
     load_before = os.getloadavg()
     runs: dict[str, list] = {"cp": [], "convert": [], "cp_sync": [], "convert_fsync": []}
@@ -287,7 +289,8 @@ def main() -> int:
     print("\n| input | workers x threads | load avg | cp | convert (steady) | ratio | cp+sync | convert+fsync | ratio "
           "| GB/CPU-s cp / convert | peak RSS (torch alone) | largest shard / tensor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {gb:.2f} GB, {info['shards']} shards | {args.workers} x {args.threads or 'auto'} threads, {os.cpu_count()} cores "
+    print(f"| {gb:.2f} GB, {info['shards']} shards | {args.workers} x {args.threads or 'auto'} threads, "
+          f"{os.cpu_count()} cores "
           f"| {load_before[0]:.1f} | {result['cp_gb_per_s']} GB/s "
           f"| {result['convert_gb_per_s']} ({result['convert_steady_gb_per_s']}) GB/s | {result['ratio_to_cp']} "
           f"| {result['cp_sync_gb_per_s']} GB/s | {result['convert_fsync_gb_per_s']} GB/s "

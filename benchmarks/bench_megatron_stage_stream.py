@@ -7,9 +7,10 @@ model's shape scaled up (hidden 1024, 8 experts of 1024x1024 SwiGLU, a 32k vocab
 of fp32) split TP 2, EP 2 or PP 2, and run ``MegatronTrainer.stage_weights`` through the sync's packer
 (``repro.sync.pack_buckets``, buckets dropped as made, as a sent bucket is): what a sync does on the sender
 side, minus the network. ``--stack-experts`` adds an ``export_names`` that stacks each layer's experts (the
-stream then holds one layer's experts of one projection, and their stacked copy, at a time). Reported per rank: peak RSS during the stream above the RSS before it (Linux VmHWM,
-reset first), against a budget of 2 buckets + twice the largest full tensor (a gather's pieces and the tensor
-they make; with no ``export_names`` an export unit is one tensor) and against the stage's full size.
+stream then holds one layer's experts of one projection, and their stacked copy, at a time). Reported per rank:
+peak RSS during the stream above the RSS before it (Linux VmHWM, reset first), against a budget of 2 buckets +
+twice the largest full tensor (a gather's pieces and the tensor they make; with no ``export_names`` an export
+unit is one tensor) and against the stage's full size.
 
 Run it once with ``PYTHONPATH`` at a tree whose ``stage_weights`` is the one to measure: the stage gather it
 replaced (pickled ``gather_object`` of every rank's share dict) is measured by pointing PYTHONPATH at a checkout
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
     import repro.train.megatron.trainer as trainer_module
 
     print(f"MEASURED  stage_weights from {trainer_module.__file__}; {args.layers} layers, fp32, "
-          f"{args.bucket_mb} MB buckets{', experts stacked per layer' if args.stack_experts else ''}; load average {os.getloadavg()}")
+          f"{args.bucket_mb} MB buckets{', experts stacked per layer' if args.stack_experts else ''}; "
+          f"load average {os.getloadavg()}")
     print(f"{'layout':<6} {'rank':>4} {'leads':>5} {'stage GB':>8} {'sent GB':>8} {'largest MB':>10} "
           f"{'peak-base MB':>12} {'budget MB':>9} {'within':>6} {'x stage':>7} {'s':>6}")
     report = {}
@@ -139,9 +141,9 @@ def main(argv=None) -> int:
             used = r["peak_mb"] - r["base_mb"]
             r.update(used_mb=used, budget_mb=budget)
             stage = r["streamed_bytes"] or r["held_bytes"]
-            print(f"{layout:<6} {r['rank']:>4} {str(r['leads']):>5} {stage / 1e9:8.2f} {r['streamed_bytes'] / 1e9:8.2f} "
-                  f"{r['largest_tensor'] / 2**20:10.1f} {used:12.0f} {budget:9.0f} {'yes' if used <= budget else 'NO':>6} "
-                  f"{used * 2**20 / stage:7.2f} {r['seconds']:6.1f}")
+            print(f"{layout:<6} {r['rank']:>4} {str(r['leads']):>5} {stage / 1e9:8.2f} "
+                  f"{r['streamed_bytes'] / 1e9:8.2f} {r['largest_tensor'] / 2**20:10.1f} {used:12.0f} {budget:9.0f} "
+                  f"{'yes' if used <= budget else 'NO':>6} {used * 2**20 / stage:7.2f} {r['seconds']:6.1f}")
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -69,7 +69,8 @@ def main() -> int:
     overhead = suite_s - run_s
     print(f"recipe {args.recipe}, {args.steps} steps, overrides {overrides}")
     print(f"CLI   (run, run --resume, figures, compare): {cli_s:7.1f} s")
-    print(f"suite (02, 03, 10-13, 20 with papermill)   : {suite_s:7.1f} s   ratio {suite_s / cli_s:.2f} x (goal <= 1.2)")
+    print(f"suite (02, 03, 10-13, 20 with papermill)   : {suite_s:7.1f} s   "
+          f"ratio {suite_s / cli_s:.2f} x (goal <= 1.2)")
     print(f"  of which training inside 02+03            : {run_s:7.1f} s")
     print(f"  notebook overhead (kernels, imports, plots): {overhead:7.1f} s")
     for name, seconds in result.seconds.items():

@@ -43,8 +43,8 @@ def replay(name: str, start, rows: list[dict], repeats: int) -> None:
             sink.close()
             closed.append(time.perf_counter() - began)
             size = folder_bytes(Path(tmp))
-    print(f"{name:<12} start {min(opened):.2f} s (first {opened[0]:.2f} s), {min(per_row) * 1e3:.2f} ms per row (median "
-          f"{statistics.median(per_row) * 1e3:.2f}), close {min(closed):.2f} s, {size / 1e3:.0f} kB on disk "
+    print(f"{name:<12} start {min(opened):.2f} s (first {opened[0]:.2f} s), {min(per_row) * 1e3:.2f} ms per row "
+          f"(median {statistics.median(per_row) * 1e3:.2f}), close {min(closed):.2f} s, {size / 1e3:.0f} kB on disk "
           f"for {len(rows)} rows")
 
 

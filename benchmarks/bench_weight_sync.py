@@ -23,9 +23,9 @@ check the sync used before), ``repro.sync.payload_checksum`` (the one it uses no
 re-quantisation (``repro.fp8.quant``).
 
 ESTIMATE: ``extrapolate`` turns those into seconds per step for DeepSeek-V4-Flash's 568 GB of BF16 over 400 Gb/s
-RoCE, and ``sync_costs`` (both in ``benchmarks/sync_estimate.py``) adds what each way of syncing costs beside the wire -- host<->GPU crossings and
-checksums -- for ours before (host copies, CRC-32), ours after (device-resident, on-device checksum) and vLLM's
-engine; the assumptions are printed with the tables.
+RoCE, and ``sync_costs`` (both in ``benchmarks/sync_estimate.py``) adds what each way of syncing costs beside
+the wire -- host<->GPU crossings and checksums -- for ours before (host copies, CRC-32), ours after
+(device-resident, on-device checksum) and vLLM's engine; the assumptions are printed with the tables.
 
     python benchmarks/bench_weight_sync.py --estimate-only     (seconds: the throughputs and the estimate)
 """
@@ -212,7 +212,8 @@ def receiver_process(role: dict, queue) -> None:
                 received += tensor.numel() * tensor.element_size()
         seconds.append(time.perf_counter() - start)
     peak = rss_mb()
-    wrong = [n for n, _, _ in spec if not torch.equal(model[n].view(torch.uint8), read_tensor(Path(role["folder"]), n).view(torch.uint8))]
+    wrong = [n for n, _, _ in spec
+             if not torch.equal(model[n].view(torch.uint8), read_tensor(Path(role["folder"]), n).view(torch.uint8))]
     queue.put({"process": f"{role['layout']} receiver {role['rank'] - 1}", "model_bytes": sum(
         t.numel() * t.element_size() for t in model.values()), "peak_mb": peak, "base_mb": base, "buckets": 2,
         "largest": max(nbytes(s, d) for _, s, d in spec), "seconds": seconds, "received": received,
@@ -326,7 +327,8 @@ def main(argv=None) -> int:
             for r in rows:
                 if "received" in r:
                     print(f"     {r['process']}: sync 1 {r['received'] / r['seconds'][0] / 1e9:.2f} GB/s, "
-                          f"sync 2 {r['received'] / r['seconds'][1] / 1e9:.2f} GB/s; bit-identical: {r['bit_identical']}")
+                          f"sync 2 {r['received'] / r['seconds'][1] / 1e9:.2f} GB/s; "
+                          f"bit-identical: {r['bit_identical']}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     crc, ours, fp8 = crc32_gbps(), checksum_gbps(), fp8_seconds_per_gb()

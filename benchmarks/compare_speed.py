@@ -1,6 +1,7 @@
 """Two checkouts' RL step side by side: the tiny recipe's step seconds, on Ray and in one process, interleaved.
 
-    python benchmarks/compare_speed.py TREE_A TREE_B [--rounds 3] [--steps 6] [--recipe tiny-cpu] [--modes ray,in-process]
+    python benchmarks/compare_speed.py TREE_A TREE_B [--rounds 3] [--steps 6] [--recipe tiny-cpu]
+        [--modes ray,in-process]
 
 Each round runs ``python -m repro run --recipe R --steps S --quiet`` (and with ``--in-process``) once per tree,
 the trees' order alternating from round to round (A B, B A, ...) so that a change of the machine's load hits both
@@ -41,7 +42,8 @@ def run_once(tree: Path, mode: str, recipe: str, steps: int, run_dir: Path) -> l
             break
         print(f"{tree} ({mode}): Ray timed out starting, try {attempt + 2} of 3", flush=True)
     if proc.returncode:
-        raise SystemExit(f"{tree} ({mode}) failed with exit code {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise SystemExit(f"{tree} ({mode}) failed with exit code {proc.returncode}:\n"
+                         f"{(proc.stdout + proc.stderr)[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("kind") == "train"]
 

@@ -60,13 +60,15 @@ def seed_means(rows: list[dict]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="tiny-cpu", help="recipe whose prompts, lengths, temperature and cap are used")
+    parser.add_argument("--recipe", default="tiny-cpu",
+                        help="recipe whose prompts, lengths, temperature and cap are used")
     parser.add_argument("--model-dir", default=None, help="checkpoint folder (default: the recipe's model.path)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
-    parser.add_argument("--table-from", default=None, help="print the tables of a JSON written by --out, measure nothing")
+    parser.add_argument("--table-from", default=None,
+                        help="print the tables of a JSON written by --out, measure nothing")
     args = parser.parse_args()
     if args.table_from:
         with open(args.table_from) as f:

@@ -34,7 +34,8 @@ def summary(run_dir: str) -> dict:
     last = evals.index.max()
     row.update({"avg@8 last, band low": 100 * float(evals.loc[last, "low"]),
                 "avg@8 last, band high": 100 * float(evals.loc[last, "high"])})
-    row.update({"k1 KL": float(train[KL].mean()), "k3 KL": float(train[K3_KL].mean()), "ESS %": 100 * float(train[ESS].mean()),
+    row.update({"k1 KL": float(train[KL].mean()), "k3 KL": float(train[K3_KL].mean()),
+                "ESS %": 100 * float(train[ESS].mean()),
                 "above cap %": 100 * float(train[IS_FRACTION_HIGH].mean()),
                 "step s (median)": float(train["timing_s/step"].median())})
     if VERL_ESS in train:  # a run with rollout_correction.verl_metrics: verl's ESS beside LumenRL's
@@ -70,7 +71,8 @@ def main() -> None:
         seeds = before.index.intersection(after.index)
         change = (after.loc[seeds] - before.loc[seeds]).T
         change.columns = [f"{sides[1]} - {sides[0]}, seed {s}" for s in seeds]
-        spread = pd.concat({f"seed spread ({side})": table.xs(side, level="side").max() - table.xs(side, level="side").min()
+        spread = pd.concat({f"seed spread ({side})": table.xs(side, level="side").max()
+                            - table.xs(side, level="side").min()
                             for side in sides}, axis=1)
         print("\nchange vs seed-to-seed spread:")
         print(pd.concat([change, spread], axis=1).round(4).to_string())

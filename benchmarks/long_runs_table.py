@@ -30,17 +30,20 @@ TIMINGS = ("rollout", "update", "sync", "reward", "rollouts_file", "step")
 
 def learning_row(frames) -> dict:
     train = frames.train
-    row = {f"phase {int(p)} acc %": 100 * float(v) for p, v in phase_means(frames.require(ACCURACY), 25)["mean"].items()}
+    row = {f"phase {int(p)} acc %": 100 * float(v)
+           for p, v in phase_means(frames.require(ACCURACY), 25)["mean"].items()}
     if "eval/avg@8" in frames.eval:
         row.update({f"avg@8 step {int(s)} %": 100 * float(v) for s, v in frames.eval["eval/avg@8"].dropna().items()})
-    row.update({"k1": float(train[KL].mean()), "k3": float(train[K3_KL].mean()), "ESS %": 100 * float(train[ESS].mean()),
+    row.update({"k1": float(train[KL].mean()), "k3": float(train[K3_KL].mean()),
+                "ESS %": 100 * float(train[ESS].mean()),
                 "response tokens (mean)": float(train["response_length/mean"].mean())})
     return row
 
 
 def timing_row(frames) -> dict:
     train = frames.train
-    row = {f"{name} s (mean)": float(train[f"timing_s/{name}"].mean()) for name in TIMINGS if f"timing_s/{name}" in train}
+    row = {f"{name} s (mean)": float(train[f"timing_s/{name}"].mean())
+           for name in TIMINGS if f"timing_s/{name}" in train}
     row["sum of steps s"] = float(train["timing_s/step"].sum())
     row["rollout share %"] = 100 * float(train["timing_s/rollout"].sum() / train["timing_s/step"].sum())
     return row
@@ -111,9 +114,12 @@ def main() -> None:
         label, _, run_dir = spec.partition("=")
         fine += fine_rows(label, run_dir, args.fine_step, args.prompts, args.n, args.seeds, args.width)
     frame = pd.DataFrame(fine)
-    frame[["k1", "k3", "|d|", "indexer", "routing"]] = frame[["k1", "k3", "|d|", "indexer", "routing"]].mul(frame["tokens"], axis=0)
-    grouped = frame.groupby(["rescored as", "run", "start"], sort=False)[["tokens", "k1", "k3", "|d|", "indexer", "routing"]].sum()
-    grouped[["k1", "k3", "|d|", "indexer", "routing"]] = grouped[["k1", "k3", "|d|", "indexer", "routing"]].div(grouped["tokens"], axis=0)
+    frame[["k1", "k3", "|d|", "indexer", "routing"]] = frame[["k1", "k3", "|d|", "indexer", "routing"]].mul(
+        frame["tokens"], axis=0)
+    grouped = frame.groupby(["rescored as", "run", "start"], sort=False)[
+        ["tokens", "k1", "k3", "|d|", "indexer", "routing"]].sum()
+    grouped[["k1", "k3", "|d|", "indexer", "routing"]] = grouped[["k1", "k3", "|d|", "indexer", "routing"]].div(
+        grouped["tokens"], axis=0)
     print(f"\nfixed batch from each run's step-{args.fine_step} checkpoint, seeds {args.seeds}, token-weighted:")
     print(grouped.to_string(float_format=lambda x: f"{x:.3e}" if abs(x) < 1 else f"{x:.0f}"))
 

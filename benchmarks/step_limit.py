@@ -252,7 +252,8 @@ def main() -> None:
           f"{rollout_ops / max(decode_forwards, 1):,.0f}")
     created = {k: v for k, v in primitives.items()}
     print(f"oneDNN primitives in the counted update: created (cache_miss) {primitives['cache_miss']}, "
-          f"cache hits {primitives['cache_hit']}; by kind {[(k, v) for k, v in created.items() if k.startswith('kind:')]}")
+          f"cache hits {primitives['cache_hit']}; "
+          f"by kind {[(k, v) for k, v in created.items() if k.startswith('kind:')]}")
     report["onednn_update"] = created
     report["step"] = {"measured_s_under_load": total_measured, "limit_s": total_limit}
     for name in ("rollout", "update"):
