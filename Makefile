@@ -33,8 +33,9 @@ repro: $(STAMP) $(KERNEL)
 # tests/vllm, tests/megatron and tests/verl need their optional backends: their own lanes (test-vllm, test-megatron,
 # test-verl) run them;
 # tests/lab needs a browser: the test-lab lane runs it.
-# tests marked long (the wheel installed in a fresh venv, four worker deaths in one run, a SIGKILLed run's leftovers,
-# the mismatch-sources notebook: ~3 min together) run in test-long, which CI runs too, so make test stays under 10 min.
+# tests marked long (the wheel installed in a fresh venv, four worker deaths in one run, a SIGKILLed and a SIGTERMed
+# run's Ray processes, the LumenRL notebooks through a stand-in, the mismatch-sources notebook: ~5 min together) run
+# in test-long, which CI runs too, so make test stays under 10 minutes with its venv on 2 cores.
 MAIN_TESTS := --ignore=tests/vllm --ignore=tests/megatron --ignore=tests/verl --ignore=tests/lab
 
 test: $(STAMP) $(KERNEL)

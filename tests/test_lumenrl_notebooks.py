@@ -44,7 +44,7 @@ def streamed(tmp_path_factory):
     return {"run_dir": run_dir, "out": out, "full": full, "smoke": smoke, "frames": load_run(run_dir)}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_notebook_03_resumes_lumenrl_and_its_live_plot_holds_every_streamed_step(streamed):
     full, frames = streamed["full"], streamed["frames"]
     assert (full["steps"], full["train_rows"]) == (STEPS, STEPS) and list(frames.train.index) == list(range(1, 9))
@@ -63,7 +63,7 @@ def test_notebook_03_resumes_lumenrl_and_its_live_plot_holds_every_streamed_step
     assert "engine lumenrl" in text and "resuming from step 4" in text
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_notebook_02_smoke_runs_lumenrl_for_three_steps(streamed):
     smoke = streamed["smoke"]
     assert smoke["train_rows"] == 3 and smoke["logged_steps"] == [1, 2, 3]
@@ -72,7 +72,7 @@ def test_notebook_02_smoke_runs_lumenrl_for_three_steps(streamed):
     assert {"reward/accuracy", "rollout_corr/kl", "perf/rollout_tokens_per_s", "timing_s/step"} <= set(smoke["keys"])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_analysis_notebooks_read_the_streamed_run_as_the_library_does(streamed):
     run_dir, frames, out = streamed["run_dir"], streamed["frames"], streamed["out"]
     label = frames.label

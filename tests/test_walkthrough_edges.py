@@ -140,7 +140,7 @@ def _wait_gone(processes: list[dict], timeout_s: float = 30.0) -> list[int]:
     return _alive(processes)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_tears_down_the_local_ray_instance_the_run_started(tmp_path):
     proc, record = _start_ray_run(tmp_path)
     processes = json.loads(record.read_text())["processes"]
