@@ -18,19 +18,17 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from repro.analysis.lumenrl_origins import ORIGINS_FILE
-from repro.errors import ReproError
 from repro.lumenrl import config as lumenrl_config, launch
 from repro.lumenrl.checkpoints import latest_lumenrl_checkpoint, lumenrl_checkpoints
 from repro.lumenrl.stream import MetricsStream
 from repro.lumenrl.tracking import wandb_env
-from repro.recipes import dump_recipe, require_paths
-from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
+from repro.recipes import require_paths
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
 from repro.run.metrics_log import MetricsLog
-from repro.run.folder import check_run_folder, clear_for_fresh
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.planning import plan_run
+from repro.run.program_dir import open_program_run_dir, record_recipe, settle_log
 from repro.run.sinks import check_sinks, open_sinks
 from repro.run.state import Progress, no_progress
 
@@ -117,40 +115,17 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
     if problems:
         raise launch.LumenRLError("LumenRL cannot be started from here: " + "; ".join(problems))
     run_dir = plan.run_dir
-    check_run_folder(run_dir, plan.resume or bool(plan.fresh))  # no link out of it, not someone's folder
-    stored, changes = run_dir / RECIPE_FILE, {}
-    if plan.resume and stored.is_file():  # the recipe the run started with (repro.recipes.resume)
-        changes = resume_changes(stored, recipe)
-    if plan.fresh:
-        clear_for_fresh(run_dir, plan.fresh, say)  # says what it removes, then removes it
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    if not plan.resume and metrics.path.exists():
-        raise ReproError(f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
-                         "or choose another --run-dir")
-    try:
-        (run_dir / WORK).mkdir(parents=True, exist_ok=True)
-        (run_dir / LOG).parent.mkdir(exist_ok=True)
-    except OSError as err:
-        raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+    metrics, changes = open_program_run_dir(recipe, plan, say, run_dir / WORK, run_dir / LOG)
     require_paths(recipe, ("model.path", "data.train.path", "data.eval.path"))  # the driver loads them here
     check_sinks(recipe, run_dir)
-    if not plan.resume or changes or not stored.is_file():  # the record is written once, and again only as said
-        dump_recipe(recipe, stored)
+    record_recipe(recipe, plan, changes)
     ended = launch.end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped LumenRL {ended}, which an earlier launch of {run_dir} left running")
-    start_step = plan.checkpoint.step if plan.resume and plan.checkpoint else 0
     if not plan.resume:
         _check_fresh_checkpoints(recipe, run_dir)
-    elif metrics.path.exists():
-        metrics.truncate_after(start_step)  # the log as it stood at the checkpoint LumenRL continues from
-    if changes:
-        metrics.append({"kind": RESUME, "step": start_step, "changed": changes})
-        say(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
-            f"recorded as a resume row in {metrics.path}")
-    (run_dir / WORK / "finished.json").unlink(missing_ok=True)
-    if not start_step:
-        (run_dir / WORK / ORIGINS_FILE).unlink(missing_ok=True)
+    start_step = settle_log(plan, metrics, changes, say, run_dir / WORK / "finished.json",
+                            run_dir / WORK / ORIGINS_FILE)
     metrics.sinks = open_sinks(recipe, run_dir, metrics.rows())  # TensorBoard; W&B is LumenRL's own (tracking.py)
     return metrics, start_step
 

@@ -16,16 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Literal
 
-from repro.errors import ReproError
 from repro.process_group import STOP_GRACE_S, EngineProcess, end_recorded_process, record_process, start_process
-from repro.recipes import dump_recipe, require_paths
-from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
+from repro.recipes import require_paths
 from repro.recipes.schema import Recipe
 from repro.run.checkpoints import Checkpoint
-from repro.run.folder import check_run_folder, clear_for_fresh
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunOutcome, RunPlan, terminate_as_exit
 from repro.run.planning import plan_run
+from repro.run.program_dir import open_program_run_dir, record_recipe, settle_log
 from repro.run.sinks import wandb_run_id
 from repro.run.state import Progress, no_progress
 from repro.verl import compose, data, launch, overrides as ov
@@ -119,42 +117,19 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
                                f"({'; '.join(plan.ignored)}); verl would start from scratch. Move them aside to "
                                "start again, or finish writing one")
     run_dir = plan.run_dir
-    check_run_folder(run_dir, plan.resume or bool(plan.fresh))  # no link out of it, not someone's folder
-    stored, changes = run_dir / RECIPE_FILE, {}
-    if plan.resume and stored.is_file():  # the recipe the run started with (repro.recipes.resume)
-        changes = resume_changes(stored, recipe)
-    if plan.fresh:
-        clear_for_fresh(run_dir, plan.fresh, say)  # says what it removes, then removes only the run's own entries
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    if not plan.resume and metrics.path.exists():
-        raise ReproError(f"run dir {run_dir} already holds a run (metrics.jsonl); pass --resume to continue it, "
-                         "or choose another --run-dir")
-    try:
-        (run_dir / WORK).mkdir(parents=True, exist_ok=True)
-        (run_dir / LOG).parent.mkdir(exist_ok=True)
-    except OSError as err:
-        raise ReproError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+    metrics, changes = open_program_run_dir(recipe, plan, say, run_dir / WORK, run_dir / LOG)
     require_paths(recipe, ("model.path",) + tuple(f"data.{s}.path" for s in ("train", "eval")
                                                    if getattr(recipe.data, s).path))
-    if not plan.resume or changes or not stored.is_file():  # the record is written once, and again only as said
-        dump_recipe(recipe, stored)
+    record_recipe(recipe, plan, changes)
     ended = end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped verl {ended}, which an earlier launch of {run_dir} left running")
-    start_step = plan.checkpoint.step if plan.resume and plan.checkpoint else 0
     root = checkpoint_root(recipe, run_dir)
     if not plan.resume and step_folders(root):
         raise launch.VerlError(f"verl.checkpoint_dir: {root} already holds {step_folders(root)[-1][1].name} "
                                "(another run's); resume that run, or choose another verl.checkpoint_dir")
-    if plan.resume and metrics.path.exists():
-        metrics.truncate_after(start_step)
-    if changes:
-        metrics.append({"kind": RESUME, "step": start_step, "changed": changes})
-        say(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
-            f"recorded as a resume row in {metrics.path}")
-    (run_dir / WORK / "finished.json").unlink(missing_ok=True)
-    if not start_step:
-        (run_dir / WORK / ORIGINS_FILE).unlink(missing_ok=True)
+    start_step = settle_log(plan, metrics, changes, say, run_dir / WORK / "finished.json",
+                            run_dir / WORK / ORIGINS_FILE)
     return metrics, start_step
 
 
