@@ -118,13 +118,13 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
     metrics, changes = open_program_run_dir(recipe, plan, say, run_dir / WORK, run_dir / LOG)
     require_paths(recipe, ("model.path", "data.train.path", "data.eval.path"))  # the driver loads them here
     check_sinks(recipe, run_dir)
-    record_recipe(recipe, plan, changes)
+    record_recipe(recipe, plan)
     ended = launch.end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped LumenRL {ended}, which an earlier launch of {run_dir} left running")
     if not plan.resume:
         _check_fresh_checkpoints(recipe, run_dir)
-    start_step = settle_log(plan, metrics, changes, say, run_dir / WORK / "finished.json",
+    start_step = settle_log(recipe, plan, metrics, changes, say, run_dir / WORK / "finished.json",
                             run_dir / WORK / ORIGINS_FILE)
     metrics.sinks = open_sinks(recipe, run_dir, metrics.rows())  # TensorBoard; W&B is LumenRL's own (tracking.py)
     return metrics, start_step

@@ -21,11 +21,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from repro.errors import ReproError
 from repro.owned import NotOurs, check_no_links_out, is_run_folder, open_no_follow
 from repro.run.plan import SMOKE_STEPS
+
+if TYPE_CHECKING:
+    from repro.recipes.schema import Recipe
+    from repro.run.metrics_log import MetricsLog
 
 LOCK_FILE = "run.lock"
 FOREIGN = ("wandb",)  # written by W&B itself (its own links to ~/.cache among them); repro writes only its run_id
@@ -163,3 +167,19 @@ def clear_for_fresh(run_dir: Path, fresh: bool | str, say: Callable[[str], None]
             shutil.rmtree(path)
         else:
             path.unlink()  # a file, or a link itself (never what it points at)
+
+
+def record_resume(recipe: "Recipe", run_dir: Path, metrics: "MetricsLog", step: int, changes: dict[str, list],
+                  say: Callable[[str], None]) -> None:
+    """A resume that changed RESUMABLE fields ({field: [old, new]}, repro.recipes.resume), recorded where the run
+    keeps its record: recipe.yaml rewritten, and a ``resume`` row at ``step`` in the log. Every engine calls it
+    once its run has resumed (repro's loop) or is about to start its program (LumenRL, verl)."""
+    from repro.recipes import dump_recipe  # pydantic: not for `repro smoke --help`, which reads this module
+    from repro.recipes.resume import RECIPE_FILE, RESUME
+
+    if not changes:
+        return
+    dump_recipe(recipe, run_dir / RECIPE_FILE)
+    metrics.append({"kind": RESUME, "step": step, "changed": changes})
+    say(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
+        f"recorded as a resume row in {metrics.path}")

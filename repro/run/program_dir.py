@@ -4,9 +4,9 @@ program starts and after it has planned the resume, written once for both.
 Before the program starts: the folder is checked (no link out of it, not someone else's), a resume's recipe is
 compared with the run's record, ``fresh`` removes the run's own entries, a new run does not write over a log, and
 the engine's folders are made. Once the engine has checked its own checkpoints: the log is cut back to the step
-the program resumes from, a resume that changed a RESUMABLE field says so in a ``resume`` row, and the markers of
-the last attempt (its finished step, its key origins) are cleared. The engine keeps what differs: which program,
-its checkpoint folder's rules, its tracking.
+the program resumes from, a resume that changed a RESUMABLE field is recorded (recipe.yaml, a ``resume`` row),
+and the markers of the last attempt (its finished step, its key origins) are cleared. The engine keeps what
+differs: which program, its checkpoint folder's rules, its tracking.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Callable
 
 from repro.errors import ReproError
 from repro.recipes import dump_recipe
-from repro.recipes.resume import RECIPE_FILE, RESUME, resume_changes
+from repro.recipes.resume import RECIPE_FILE, resume_changes
 from repro.recipes.schema import Recipe
-from repro.run.folder import check_run_folder, clear_for_fresh
+from repro.run.folder import check_run_folder, clear_for_fresh, record_resume
 from repro.run.metrics_log import MetricsLog
 from repro.run.plan import RunPlan
 
@@ -47,25 +47,23 @@ def open_program_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], Non
     return metrics, changes
 
 
-def record_recipe(recipe: Recipe, plan: RunPlan, changes: dict[str, list]) -> None:
-    """recipe.yaml: written once for a new run, and again only when a resume changed a RESUMABLE field."""
+def record_recipe(recipe: Recipe, plan: RunPlan) -> None:
+    """recipe.yaml for a new run (or a resumed one that has none); a resume's changes go in with its resume row
+    (``settle_log``)."""
     stored = plan.run_dir / RECIPE_FILE
-    if not plan.resume or changes or not stored.is_file():
+    if not plan.resume or not stored.is_file():
         dump_recipe(recipe, stored)
 
 
-def settle_log(plan: RunPlan, metrics: MetricsLog, changes: dict[str, list], say: Callable[[str], None],
-               finished: Path, origins: Path) -> int:
+def settle_log(recipe: Recipe, plan: RunPlan, metrics: MetricsLog, changes: dict[str, list],
+               say: Callable[[str], None], finished: Path, origins: Path) -> int:
     """The log as it stood at the checkpoint the program resumes from, a ``resume`` row for what the resume
     changed, the last attempt's markers cleared (``finished``: the step it ended at; ``origins``: our key -> the
     program's, kept on a resume); returns the step the program starts from (0: a new run)."""
     start_step = plan.checkpoint.step if plan.resume and plan.checkpoint else 0
     if plan.resume and metrics.path.exists():
         metrics.truncate_after(start_step)
-    if changes:
-        metrics.append({"kind": RESUME, "step": start_step, "changed": changes})
-        say(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
-            f"recorded as a resume row in {metrics.path}")
+    record_resume(recipe, plan.run_dir, metrics, start_step, changes, say)
     finished.unlink(missing_ok=True)
     if not start_step:
         origins.unlink(missing_ok=True)

@@ -33,7 +33,7 @@ from repro.run.rollouts_file import NoRollouts, RolloutsDir
 from repro.run.sinks import check_sinks, open_sinks
 from repro.recipes import dump_recipe, require_paths
 from repro.groups.protocol import RolloutGroup, TrainerGroup
-from repro.run.folder import LOCK_FILE, check_run_folder, run_dir_lock  # noqa: F401  (re-exported)
+from repro.run.folder import LOCK_FILE, check_run_folder, record_resume, run_dir_lock  # noqa: F401  (re-exported)
 from repro.run.restarts import RESTART
 from repro.run.state import Run
 from repro.run.steps import sync_weights
@@ -85,13 +85,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool, fresh: bool = F
 def record_resume_changes(recipe: Recipe, run_dir: Path, metrics: MetricsLog, step: int) -> None:
     """After a resume has restored the run (so a resume its trainer refuses leaves the record as it was): the
     fields it changed go into recipe.yaml and a ``resume`` row of the log."""
-    changes = resume_recipe_changes(recipe, run_dir)
-    if not changes:
-        return
-    dump_recipe(recipe, run_dir / RECIPE_FILE)
-    metrics.append({"kind": RESUME, "step": step, "changed": changes})
-    print(f"resume: recipe.yaml updated ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items())}), "
-          f"recorded as a resume row in {metrics.path}")
+    record_resume(recipe, run_dir, metrics, step, resume_recipe_changes(recipe, run_dir), print)
 
 
 def resume_recipe_changes(recipe: Recipe, run_dir: Path) -> dict[str, list]:

@@ -120,7 +120,7 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
     metrics, changes = open_program_run_dir(recipe, plan, say, run_dir / WORK, run_dir / LOG)
     require_paths(recipe, ("model.path",) + tuple(f"data.{s}.path" for s in ("train", "eval")
                                                    if getattr(recipe.data, s).path))
-    record_recipe(recipe, plan, changes)
+    record_recipe(recipe, plan)
     ended = end_recorded_process(run_dir / WORK / "process.json", grace_s)
     if ended:
         say(f"stopped verl {ended}, which an earlier launch of {run_dir} left running")
@@ -128,7 +128,7 @@ def prepare_run_dir(recipe: Recipe, plan: RunPlan, say: Callable[[str], None],
     if not plan.resume and step_folders(root):
         raise launch.VerlError(f"verl.checkpoint_dir: {root} already holds {step_folders(root)[-1][1].name} "
                                "(another run's); resume that run, or choose another verl.checkpoint_dir")
-    start_step = settle_log(plan, metrics, changes, say, run_dir / WORK / "finished.json",
+    start_step = settle_log(recipe, plan, metrics, changes, say, run_dir / WORK / "finished.json",
                             run_dir / WORK / ORIGINS_FILE)
     return metrics, start_step
 
